@@ -1,0 +1,230 @@
+//! The in-memory queue `track()` writes to. Events are kept sorted by delivery order
+//! (timestamp, then track order), so callers that pass shuffled timestamps still get ordered
+//! batches, and the overflow that moves to disk is always the oldest.
+
+use std::collections::BTreeMap;
+
+use crate::event::QueuedEvent;
+
+#[derive(Default)]
+pub struct MemoryBuffer {
+    /// Waiting to be sent, in delivery order.
+    queued: BTreeMap<(i64, u64), QueuedEvent>,
+    /// Overflow handed to the spiller, oldest first; not yet in the store.
+    spill: Vec<QueuedEvent>,
+    /// Events of the batch being sent that came from memory, by seq. `persisted` marks those
+    /// `persist()` copied into the store meanwhile, so the acknowledgement deletes them there too.
+    in_flight: BTreeMap<u64, (QueuedEvent, bool)>,
+}
+
+/// What an insert displaced.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Overflow {
+    /// Oldest events dropped because memory was full and could not spill (counted by the caller).
+    pub dropped: u64,
+    /// True when the spill queue went from empty to non-empty: the spiller should wake.
+    pub spill_started: bool,
+}
+
+impl MemoryBuffer {
+    /// Adds an event and enforces `capacity`: with a store the oldest move to the spill queue
+    /// (itself bounded by `capacity`, beyond which the oldest are dropped); without one they drop.
+    pub fn push(&mut self, event: QueuedEvent, capacity: usize, spill_enabled: bool) -> Overflow {
+        self.queued.insert(event.key(), event);
+        let mut overflow = Overflow::default();
+        while self.queued.len() > capacity {
+            let Some((_, oldest)) = self.queued.pop_first() else { break };
+            if spill_enabled {
+                overflow.spill_started |= self.spill.is_empty();
+                self.spill.push(oldest);
+            } else {
+                overflow.dropped += 1;
+            }
+        }
+        if self.spill.len() > capacity {
+            let excess = self.spill.len() - capacity;
+            self.spill.drain(..excess);
+            overflow.dropped += excess as u64;
+        }
+        overflow
+    }
+
+    /// Adds straight to the spill queue (durability `always`).
+    pub fn push_spill(&mut self, event: QueuedEvent) -> bool {
+        let started = self.spill.is_empty();
+        self.spill.push(event);
+        started
+    }
+
+    pub fn take_spill(&mut self) -> Vec<QueuedEvent> {
+        std::mem::take(&mut self.spill)
+    }
+
+    /// Puts back a spill that the store refused, ahead of newer overflow.
+    pub fn return_spill(&mut self, mut events: Vec<QueuedEvent>) {
+        events.append(&mut self.spill);
+        self.spill = events;
+    }
+
+    pub fn spill_len(&self) -> usize {
+        self.spill.len()
+    }
+
+    /// Everything not yet in the store, for `persist()`: the queue and spill are moved out
+    /// (first), the in-flight events are copied and marked persisted (second).
+    pub fn take_for_persist(&mut self) -> (Vec<QueuedEvent>, Vec<QueuedEvent>) {
+        let mut moved = std::mem::take(&mut self.spill);
+        moved.extend(std::mem::take(&mut self.queued).into_values());
+        let mut copies = Vec::new();
+        for (event, persisted) in self.in_flight.values_mut() {
+            if !*persisted {
+                *persisted = true;
+                copies.push(event.clone());
+            }
+        }
+        (moved, copies)
+    }
+
+    /// Undoes the mark of [`MemoryBuffer::take_for_persist`] when the store write failed.
+    pub fn unmark_persisted(&mut self, seqs: &[u64]) {
+        for seq in seqs {
+            if let Some((_, persisted)) = self.in_flight.get_mut(seq) {
+                *persisted = false;
+            }
+        }
+    }
+
+    /// The first `limit` queued events in delivery order, without removing them.
+    pub fn peek(&self, limit: usize) -> impl Iterator<Item = &QueuedEvent> {
+        self.queued.values().take(limit)
+    }
+
+    /// Moves these queued events into the in-flight set.
+    pub fn lease(&mut self, keys: &[(i64, u64)]) -> Vec<QueuedEvent> {
+        let mut out = Vec::with_capacity(keys.len());
+        for key in keys {
+            if let Some(event) = self.queued.remove(key) {
+                self.in_flight.insert(event.seq, (event.clone(), false));
+                out.push(event);
+            }
+        }
+        out
+    }
+
+    /// Returns in-flight events to the queue (the attempt failed or was abandoned).
+    /// Events `persist()` copied to the store meanwhile are not returned: the store has them.
+    pub fn release(&mut self, seqs: &[u64]) {
+        for seq in seqs {
+            if let Some((event, persisted)) = self.in_flight.remove(seq)
+                && !persisted
+            {
+                self.queued.insert(event.key(), event);
+            }
+        }
+    }
+
+    /// Returns every in-flight event to the queue (the worker restarted).
+    pub fn release_all(&mut self) {
+        let seqs: Vec<u64> = self.in_flight.keys().copied().collect();
+        self.release(&seqs);
+    }
+
+    /// Forgets acknowledged in-flight events; returns the seqs the store also holds.
+    pub fn acknowledge(&mut self, seqs: &[u64]) -> Vec<u64> {
+        seqs.iter()
+            .filter_map(|seq| match self.in_flight.remove(seq) {
+                Some((_, true)) => Some(*seq),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Drops queued events older than `cutoff_ms`; returns how many.
+    pub fn expire(&mut self, cutoff_ms: i64) -> u64 {
+        let mut n = 0;
+        while let Some(entry) = self.queued.first_entry() {
+            if entry.key().0 >= cutoff_ms {
+                break;
+            }
+            entry.remove();
+            n += 1;
+        }
+        n
+    }
+
+    /// Empties the queue and spill (opt-out purge); returns how many were removed.
+    pub fn clear(&mut self) -> u64 {
+        let n = self.queued.len() + self.spill.len();
+        self.queued.clear();
+        self.spill.clear();
+        n as u64
+    }
+
+    pub fn queued_len(&self) -> usize {
+        self.queued.len()
+    }
+
+    pub fn len(&self) -> usize {
+        self.queued.len() + self.spill.len() + self.in_flight.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::EventId;
+
+    fn ev(ts: i64, seq: u64) -> QueuedEvent {
+        QueuedEvent { ts_ms: ts, seq, id: EventId::new(), json: "{}".into() }
+    }
+
+    #[test]
+    fn keeps_delivery_order_and_spills_the_oldest() {
+        let mut b = MemoryBuffer::default();
+        for (ts, seq) in [(30, 1), (10, 2), (20, 3), (10, 4)] {
+            b.push(ev(ts, seq), 3, true);
+        }
+        let spilled = b.take_spill();
+        assert_eq!(spilled.iter().map(QueuedEvent::key).collect::<Vec<_>>(), [(10, 2)]);
+        let order: Vec<_> = b.peek(10).map(QueuedEvent::key).collect();
+        assert_eq!(order, [(10, 4), (20, 3), (30, 1)]);
+    }
+
+    #[test]
+    fn memory_only_overflow_is_counted() {
+        let mut b = MemoryBuffer::default();
+        let dropped: u64 = (0..10).map(|i| b.push(ev(i, i as u64), 4, false).dropped).sum();
+        assert_eq!(dropped, 6);
+        assert_eq!(b.len(), 4);
+    }
+
+    #[test]
+    fn lease_release_and_acknowledge() {
+        let mut b = MemoryBuffer::default();
+        for i in 0..4 {
+            b.push(ev(i, i as u64), 10, true);
+        }
+        let leased = b.lease(&[(0, 0), (1, 1)]);
+        assert_eq!(leased.len(), 2);
+        assert_eq!(b.queued_len(), 2);
+        let (moved, copies) = b.take_for_persist();
+        assert_eq!((moved.len(), copies.len()), (2, 2), "queued two plus in-flight two");
+        assert_eq!(b.acknowledge(&[0]), vec![0], "persisted in-flight events must be deleted from the store");
+        b.release(&[1]);
+        assert_eq!(b.queued_len(), 0, "a persisted event is not returned to memory");
+    }
+
+    #[test]
+    fn expire_drops_only_older_events() {
+        let mut b = MemoryBuffer::default();
+        for i in 0..5 {
+            b.push(ev(i * 10, i as u64), 10, true);
+        }
+        assert_eq!(b.expire(25), 3);
+        assert_eq!(b.queued_len(), 2);
+    }
+}

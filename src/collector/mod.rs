@@ -1,0 +1,309 @@
+//! The reference collector: an in-process HTTP server that speaks "eventspool batch v1"
+//! (DESIGN §3) and stores each event once by `event_id`.
+//!
+//! Tests, examples, benchmarks and the CLI all need a collector that behaves like a real one
+//! on a real socket, and that can also misbehave on demand: fail a fraction of requests, reject
+//! a poison event, hang, drop a connection after storing (the "effect unknown" case), or vanish
+//! entirely (an outage that really refuses connections). Faking the transport instead would hide
+//! exactly the bugs that only show up on the wire (keep-alive reuse after a reset, gzip framing,
+//! Retry-After parsing).
+//!
+//! The server runs on its own thread with its own single-threaded tokio runtime. That keeps it
+//! usable from plain `#[test]` functions and from inside other runtimes alike, and makes
+//! `Drop` safe anywhere: the runtime is created and dropped on the collector's thread, never on
+//! the caller's.
+//!
+//! This module deliberately depends on no other eventspool module: it parses the wire JSON
+//! itself, so a bug in the SDK's encoder cannot be masked by sharing the decoder.
+
+mod handler;
+mod server;
+mod state;
+mod wire;
+
+#[cfg(test)]
+mod tests;
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use state::Shared;
+
+/// Largest request body read off the wire, compressed or not. Beyond this the request is
+/// answered 413 without buffering the rest, so a runaway client cannot exhaust memory.
+pub const MAX_RAW_BODY_BYTES: usize = 64 << 20;
+/// Largest body after gzip decoding; bounds the damage of a decompression bomb.
+pub const MAX_DECODED_BODY_BYTES: usize = 64 << 20;
+/// Open connections beyond this are closed on accept. The SDK uses one or two; the bound only
+/// matters when something loops on connect.
+pub const MAX_CONNECTIONS: usize = 1024;
+/// Default for [`CollectorConfig::max_request_records`]. A record of a 100-event batch holds
+/// roughly 15 KB of ids, names and timestamps, so this keeps the log near 150 MB at worst
+/// during a long benchmark, while any ordinary test sees every request.
+pub const DEFAULT_MAX_REQUEST_RECORDS: usize = 10_000;
+/// How long `set_outage` waits for the server thread to confirm; only reached if that thread
+/// is wedged, which would otherwise hang the calling test forever.
+const CONTROL_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long shutdown waits for the server thread before detaching it, so that dropping a
+/// collector can never hang a test run.
+const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How to start a [`ReferenceCollector`].
+#[derive(Clone, Debug)]
+pub struct CollectorConfig {
+    /// Where to listen; the default `127.0.0.1:0` picks a free port, see [`ReferenceCollector::addr`].
+    pub listen: SocketAddr,
+    /// SQLite file for stored events; `None` keeps them in memory, which is what tests want.
+    /// With a file, events from earlier runs count as already stored (duplicates).
+    pub db_path: Option<PathBuf>,
+    /// Initial misbehaviour; change it later with [`ReferenceCollector::set_behavior`].
+    pub behavior: Behavior,
+    /// How many [`RequestRecord`]s to keep (the most recent ones). Request counts stay exact.
+    pub max_request_records: usize,
+}
+
+impl Default for CollectorConfig {
+    fn default() -> Self {
+        CollectorConfig {
+            listen: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+            db_path: None,
+            behavior: Behavior::default(),
+            max_request_records: DEFAULT_MAX_REQUEST_RECORDS,
+        }
+    }
+}
+
+/// Standing misbehaviour, applied to every request that no [`Scripted`] item claims.
+///
+/// Checks run in this order: `required_api_key` (401), `max_body_bytes` (413), `fail_rate`
+/// (503), body validity (400), `reject_name` (400), then the normal path with
+/// `partial_reject_name`. `delay` is waited before all of them.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Behavior {
+    /// Fraction of requests answered 503, drawn from an rng seeded with `seed` so a failing
+    /// run can be replayed.
+    pub fail_rate: f64,
+    /// Seed for `fail_rate`; the rng restarts from it on every `set_behavior`.
+    pub seed: u64,
+    /// Any batch containing an event with this name is answered 400 `{"error":"poison event"}`,
+    /// which makes the SDK split batches until the event is alone.
+    pub reject_name: Option<String>,
+    /// Events with this name are listed in a 200 answer's `rejected` array (reason
+    /// `"invalid name"`) and not stored; the rest of the batch is stored.
+    pub partial_reject_name: Option<String>,
+    /// Bodies larger than this as sent (before gzip decoding) are answered 413.
+    pub max_body_bytes: Option<usize>,
+    /// Value of the `Retry-After` header added to every 429 and 503 answer.
+    pub retry_after: Option<String>,
+    /// Wait this long before answering each request (to provoke client timeouts).
+    pub delay: Option<Duration>,
+    /// When set, requests without `Authorization: Bearer <key>` are answered 401.
+    pub required_api_key: Option<String>,
+}
+
+/// One-shot behaviour for the next request, queued with [`ReferenceCollector::push_script`].
+/// Scripted items are consumed first-in first-out, one per POST, and take precedence over
+/// [`Behavior`].
+#[derive(Clone, Debug, PartialEq)]
+pub enum Scripted {
+    /// Answer exactly this (nothing is stored). A `Retry-After` from [`Behavior::retry_after`]
+    /// is added to a 429 or 503 unless `headers` already set one.
+    Status {
+        status: u16,
+        body: String,
+        headers: Vec<(String, String)>,
+    },
+    /// Store the batch's events, then close the connection without answering: the client
+    /// cannot know whether its batch landed, which is the case `event_id` dedup exists for.
+    StoreThenDrop,
+    /// Wait, then handle the request normally (Behavior included).
+    Delay(Duration),
+    /// Never answer; the connection stays open until an outage or shutdown.
+    Hang,
+}
+
+impl Scripted {
+    /// A bare status with an empty body and no extra headers.
+    pub fn status(status: u16) -> Scripted {
+        Scripted::Status {
+            status,
+            body: String::new(),
+            headers: Vec::new(),
+        }
+    }
+}
+
+/// An event as the collector stored it (first copy wins).
+#[derive(Clone, Debug, PartialEq)]
+pub struct StoredEvent {
+    pub event_id: String,
+    pub name: String,
+    pub timestamp: String,
+    pub session_id: Option<String>,
+    pub properties: serde_json::Value,
+    /// [`RequestRecord::index`] of the request that first delivered this event.
+    pub first_seen_request: usize,
+}
+
+/// What the collector saw of one request and what it did, kept so tests can assert on
+/// resends, headers and batch composition after the fact.
+#[derive(Clone, Debug)]
+pub struct RequestRecord {
+    /// 0-based, in order of arrival.
+    pub index: usize,
+    /// When the request's head arrived.
+    pub at: Instant,
+    /// `None` when the request got no answer (dropped, hung, or the client went away).
+    pub status: Option<u16>,
+    /// Body length as sent on the wire (compressed if gzip).
+    pub body_bytes: usize,
+    /// Body length after gzip decoding (equal to `body_bytes` when not compressed).
+    pub decoded_bytes: usize,
+    pub gzip: bool,
+    /// `X-Eventspool-Attempt`, when present and a number.
+    pub attempt: Option<u32>,
+    pub authorization: Option<String>,
+    pub user_agent: Option<String>,
+    pub content_type: Option<String>,
+    pub sent_at: Option<String>,
+    /// Ids, timestamps and names of the batch's events, as far as the body could be read;
+    /// filled for rejected and scripted requests too, so resends can be compared.
+    pub event_ids: Vec<String>,
+    pub timestamps: Vec<String>,
+    pub names: Vec<String>,
+    /// Short verdict: "stored", "partial", "scripted 503", "injected 503", "poison",
+    /// "too large", "unauthorized", "bad json", "bad gzip", "unsupported encoding",
+    /// "method not allowed", "storage error", "dropped", "hung", "abandoned".
+    pub outcome: String,
+}
+
+/// A running reference collector. Dropping it shuts the server down.
+pub struct ReferenceCollector {
+    shared: Arc<Shared>,
+    addr: SocketAddr,
+    server: server::ServerThread,
+}
+
+impl ReferenceCollector {
+    /// Opens the store, binds the socket and starts serving on a dedicated thread.
+    /// Returns once the socket accepts connections.
+    pub fn start(config: CollectorConfig) -> std::io::Result<ReferenceCollector> {
+        let store = state::Store::open(config.db_path.as_deref())
+            .map_err(|e| std::io::Error::other(format!("collector database: {e}")))?;
+        let shared = Arc::new(Shared::new(
+            store,
+            config.behavior,
+            config.max_request_records,
+        ));
+        let (server, addr) = server::spawn(config.listen, Arc::clone(&shared))?;
+        Ok(ReferenceCollector {
+            shared,
+            addr,
+            server,
+        })
+    }
+
+    /// The bound address (the real port when the config asked for port 0).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The batch endpoint, `http://ADDR/v1/batch`. Any path is accepted; this is the canonical one.
+    pub fn url(&self) -> String {
+        format!("http://{}/v1/batch", self.addr)
+    }
+
+    /// Queues one-shot behaviours for the next requests.
+    pub fn push_script(&self, items: impl IntoIterator<Item = Scripted>) {
+        self.shared.push_script(items);
+    }
+
+    /// Queues bare statuses, one per request.
+    pub fn push_statuses(&self, statuses: &[u16]) {
+        self.push_script(statuses.iter().map(|&s| Scripted::status(s)));
+    }
+
+    /// Scripted items not consumed yet.
+    pub fn pending_script(&self) -> usize {
+        self.shared.pending_script()
+    }
+
+    /// Forgets scripted items not consumed yet.
+    pub fn clear_script(&self) {
+        self.shared.clear_script();
+    }
+
+    /// Replaces the standing behaviour; also restarts the `fail_rate` rng from `b.seed`.
+    pub fn set_behavior(&self, b: Behavior) {
+        self.shared.set_behavior(b);
+    }
+
+    pub fn behavior(&self) -> Behavior {
+        self.shared.behavior()
+    }
+
+    /// `down = true` closes the listening socket and every open connection, so clients see
+    /// connection refused or reset, as with a real outage. `down = false` binds the same port
+    /// again. Both return once the change is in effect; repeating a state is a no-op.
+    pub fn set_outage(&self, down: bool) -> std::io::Result<()> {
+        self.server.set_outage(down)
+    }
+
+    /// Distinct `event_id`s stored (including ones found in an existing database file).
+    pub fn distinct_count(&self) -> u64 {
+        self.shared.distinct_count()
+    }
+
+    /// Events received in accepted requests by this process, duplicates included. Events a
+    /// 200 lists as rejected do not count; those of a `StoreThenDrop` request do (they were
+    /// stored).
+    pub fn received_count(&self) -> u64 {
+        self.shared.received_count()
+    }
+
+    pub fn contains(&self, event_id: &str) -> bool {
+        self.shared.contains(event_id)
+    }
+
+    /// Distinct stored events in order of first arrival.
+    pub fn events(&self) -> Vec<StoredEvent> {
+        self.shared.events()
+    }
+
+    /// Retained request records (see [`CollectorConfig::max_request_records`]), by index.
+    pub fn requests(&self) -> Vec<RequestRecord> {
+        self.shared.requests()
+    }
+
+    /// Requests seen so far, whatever their outcome (not capped by the record limit).
+    /// A request counts once its verdict is known, so its record is already readable.
+    pub fn request_count(&self) -> usize {
+        self.shared.request_count()
+    }
+
+    /// Blocks until at least `n` distinct events are stored or `timeout` passes; returns
+    /// whether the count was reached. Wakes on every store, so tests need no sleeps.
+    /// It blocks the calling thread: in a single-threaded async test, let the client's
+    /// future finish first, or the request it waits for never gets sent.
+    pub fn wait_for_distinct(&self, n: u64, timeout: Duration) -> bool {
+        self.shared.wait_for_distinct(n, timeout)
+    }
+
+    /// Blocks until at least `n` requests have a verdict or `timeout` passes.
+    pub fn wait_for_requests(&self, n: usize, timeout: Duration) -> bool {
+        self.shared.wait_for_requests(n, timeout)
+    }
+
+    /// Stops the server and joins its thread (bounded wait). Same as dropping.
+    pub fn shutdown(mut self) {
+        self.server.stop();
+    }
+}
+
+impl Drop for ReferenceCollector {
+    fn drop(&mut self) {
+        self.server.stop();
+    }
+}

@@ -1,0 +1,339 @@
+//! Configuration: every knob of DESIGN §6, its default, and the rules that refuse a bad value.
+//!
+//! One home for all of it: the Rust builder, the FFI config record and the CLI's `--set name=value`
+//! all end up in [`Config::set`] or [`Config::validate`], so a name or a default is spelled once.
+
+use std::path::PathBuf;
+
+use crate::error::ConfigError;
+
+const KIB: u64 = 1024;
+const MIB: u64 = 1024 * KIB;
+const SECOND_MS: u64 = 1000;
+const DAY_MS: u64 = 24 * 60 * 60 * SECOND_MS;
+
+/// Below this the SQLite file cannot hold its schema pages plus a useful backlog, so a smaller
+/// cap would make the store evict everything it is given.
+pub const MIN_DISK_BYTES: u64 = 64 * KIB;
+
+/// Bytes of a batch body that are not events: `{"sent_at":"…","batch":[` and `]}`.
+pub const BATCH_OVERHEAD_BYTES: u64 = 64;
+
+/// Whether request bodies are gzipped (only bodies over 1 KiB; smaller ones gain nothing).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Compression {
+    None,
+    Gzip,
+}
+
+/// When an event becomes durable on disk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Durability {
+    /// Memory first; the store takes the overflow and everything on `persist()`/`shutdown()`.
+    /// An app killed without either loses what was only in memory.
+    Spill,
+    /// Every event is in the store before `track()` returns (concurrent callers share one commit).
+    Always,
+}
+
+/// A validated configuration. Build it with [`Config::new`] and the `with_*`-free field access,
+/// or [`Config::set`] by name; [`crate::EventSpool::open`] validates it again before use.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub endpoint: String,
+    pub api_key: Option<String>,
+    pub db_path: Option<PathBuf>,
+    pub memory_capacity: u64,
+    pub max_disk_bytes: u64,
+    pub max_event_bytes: u64,
+    pub max_batch_events: u64,
+    pub max_batch_bytes: u64,
+    pub min_batch_interval_ms: u64,
+    pub flush_at: u64,
+    pub flush_interval_ms: u64,
+    pub backoff_base_ms: u64,
+    pub backoff_cap_ms: u64,
+    pub max_auto_attempts: u32,
+    pub max_retry_elapsed_ms: u64,
+    pub attempt_timeout_ms: u64,
+    pub retry_after_cap_ms: u64,
+    pub max_event_age_ms: u64,
+    pub quarantine_max_events: u64,
+    pub quarantine_retention_ms: u64,
+    pub compression: Compression,
+    pub durability: Durability,
+    pub allow_insecure_http: bool,
+}
+
+/// Every name [`Config::set`] accepts, in DESIGN §6 order (the CLI lists them in its help).
+pub const CONFIG_NAMES: &[&str] = &[
+    "endpoint",
+    "api_key",
+    "db_path",
+    "memory_capacity",
+    "max_disk_bytes",
+    "max_event_bytes",
+    "max_batch_events",
+    "max_batch_bytes",
+    "min_batch_interval_ms",
+    "flush_at",
+    "flush_interval_ms",
+    "backoff_base_ms",
+    "backoff_cap_ms",
+    "max_auto_attempts",
+    "max_retry_elapsed_ms",
+    "attempt_timeout_ms",
+    "retry_after_cap_ms",
+    "max_event_age_ms",
+    "quarantine_max_events",
+    "quarantine_retention_ms",
+    "compression",
+    "durability",
+    "allow_insecure_http",
+];
+
+impl Config {
+    /// The defaults of DESIGN §6 with the one required field.
+    pub fn new(endpoint: impl Into<String>) -> Config {
+        Config {
+            endpoint: endpoint.into(),
+            api_key: None,
+            db_path: None,
+            memory_capacity: 1000,
+            max_disk_bytes: 10 * MIB,
+            max_event_bytes: 32 * KIB,
+            max_batch_events: 100,
+            max_batch_bytes: 512 * KIB,
+            min_batch_interval_ms: SECOND_MS,
+            flush_at: 20,
+            flush_interval_ms: 30 * SECOND_MS,
+            backoff_base_ms: SECOND_MS,
+            backoff_cap_ms: 30 * SECOND_MS,
+            max_auto_attempts: 5,
+            max_retry_elapsed_ms: 300 * SECOND_MS,
+            attempt_timeout_ms: 10 * SECOND_MS,
+            retry_after_cap_ms: 300 * SECOND_MS,
+            max_event_age_ms: 7 * DAY_MS,
+            quarantine_max_events: 10_000,
+            quarantine_retention_ms: 30 * DAY_MS,
+            compression: Compression::Gzip,
+            durability: Durability::Spill,
+            allow_insecure_http: false,
+        }
+    }
+
+    /// Sets one field from its DESIGN §6 name and a textual value, as the CLI and bindings do.
+    pub fn set(&mut self, name: &str, value: &str) -> Result<(), ConfigError> {
+        let number = || parse_u64(name, value);
+        match name {
+            "endpoint" => self.endpoint = value.to_string(),
+            "api_key" => self.api_key = non_empty(value),
+            "db_path" => self.db_path = non_empty(value).map(PathBuf::from),
+            "memory_capacity" => self.memory_capacity = number()?,
+            "max_disk_bytes" => self.max_disk_bytes = number()?,
+            "max_event_bytes" => self.max_event_bytes = number()?,
+            "max_batch_events" => self.max_batch_events = number()?,
+            "max_batch_bytes" => self.max_batch_bytes = number()?,
+            "min_batch_interval_ms" => self.min_batch_interval_ms = number()?,
+            "flush_at" => self.flush_at = number()?,
+            "flush_interval_ms" => self.flush_interval_ms = number()?,
+            "backoff_base_ms" => self.backoff_base_ms = number()?,
+            "backoff_cap_ms" => self.backoff_cap_ms = number()?,
+            "max_auto_attempts" => {
+                self.max_auto_attempts = u32::try_from(number()?)
+                    .map_err(|_| ConfigError::new(name, format!("{value} is too large")))?
+            }
+            "max_retry_elapsed_ms" => self.max_retry_elapsed_ms = number()?,
+            "attempt_timeout_ms" => self.attempt_timeout_ms = number()?,
+            "retry_after_cap_ms" => self.retry_after_cap_ms = number()?,
+            "max_event_age_ms" => self.max_event_age_ms = number()?,
+            "quarantine_max_events" => self.quarantine_max_events = number()?,
+            "quarantine_retention_ms" => self.quarantine_retention_ms = number()?,
+            "compression" => {
+                self.compression = match value {
+                    "none" => Compression::None,
+                    "gzip" => Compression::Gzip,
+                    _ => return Err(ConfigError::new(name, format!("'{value}' is not one of: none, gzip"))),
+                }
+            }
+            "durability" => {
+                self.durability = match value {
+                    "spill" => Durability::Spill,
+                    "always" => Durability::Always,
+                    _ => return Err(ConfigError::new(name, format!("'{value}' is not one of: spill, always"))),
+                }
+            }
+            "allow_insecure_http" => {
+                self.allow_insecure_http = match value {
+                    "true" | "1" | "yes" => true,
+                    "false" | "0" | "no" => false,
+                    _ => return Err(ConfigError::new(name, format!("'{value}' is not true or false"))),
+                }
+            }
+            _ => {
+                return Err(ConfigError::new(
+                    name,
+                    format!("unknown setting; known settings: {}", CONFIG_NAMES.join(", ")),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Refuses a configuration the SDK could not honour, naming the field at fault.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        validate_endpoint(&self.endpoint, self.allow_insecure_http)?;
+        for (name, value) in [
+            ("memory_capacity", self.memory_capacity),
+            ("max_event_bytes", self.max_event_bytes),
+            ("max_batch_events", self.max_batch_events),
+            ("max_batch_bytes", self.max_batch_bytes),
+            ("flush_at", self.flush_at),
+            ("flush_interval_ms", self.flush_interval_ms),
+            ("backoff_base_ms", self.backoff_base_ms),
+            ("backoff_cap_ms", self.backoff_cap_ms),
+            ("max_retry_elapsed_ms", self.max_retry_elapsed_ms),
+            ("attempt_timeout_ms", self.attempt_timeout_ms),
+            ("max_event_age_ms", self.max_event_age_ms),
+            ("quarantine_max_events", self.quarantine_max_events),
+            ("quarantine_retention_ms", self.quarantine_retention_ms),
+        ] {
+            if value == 0 {
+                return Err(ConfigError::new(name, "must be greater than 0"));
+            }
+        }
+        if self.backoff_cap_ms < self.backoff_base_ms {
+            return Err(ConfigError::new(
+                "backoff_cap_ms",
+                format!("{} is below backoff_base_ms ({})", self.backoff_cap_ms, self.backoff_base_ms),
+            ));
+        }
+        if self.max_batch_bytes < self.max_event_bytes + BATCH_OVERHEAD_BYTES {
+            return Err(ConfigError::new(
+                "max_batch_bytes",
+                format!(
+                    "{} cannot hold one event of max_event_bytes ({}) plus {} bytes of envelope",
+                    self.max_batch_bytes, self.max_event_bytes, BATCH_OVERHEAD_BYTES
+                ),
+            ));
+        }
+        let min_disk = MIN_DISK_BYTES.max(4 * self.max_event_bytes);
+        if self.db_path.is_some() && self.max_disk_bytes < min_disk {
+            return Err(ConfigError::new(
+                "max_disk_bytes",
+                format!(
+                    "{} is too small: the store needs at least {} bytes (64 KiB and 4 × max_event_bytes)",
+                    self.max_disk_bytes, min_disk
+                ),
+            ));
+        }
+        if let Some(key) = &self.api_key
+            && (key.is_empty() || key.chars().any(|c| c.is_control()))
+        {
+            return Err(ConfigError::new("api_key", "must be non-empty and contain no control characters"));
+        }
+        Ok(())
+    }
+}
+
+fn non_empty(value: &str) -> Option<String> {
+    (!value.is_empty()).then(|| value.to_string())
+}
+
+fn parse_u64(name: &str, value: &str) -> Result<u64, ConfigError> {
+    value
+        .trim()
+        .replace('_', "")
+        .parse::<u64>()
+        .map_err(|_| ConfigError::new(name, format!("'{value}' is not a whole number")))
+}
+
+/// `https://` anywhere; `http://` only to loopback, unless the app says otherwise on purpose.
+fn validate_endpoint(endpoint: &str, allow_insecure_http: bool) -> Result<(), ConfigError> {
+    let url = reqwest::Url::parse(endpoint)
+        .map_err(|e| ConfigError::new("endpoint", format!("'{endpoint}' is not a URL: {e}")))?;
+    let host = url
+        .host_str()
+        .ok_or_else(|| ConfigError::new("endpoint", format!("'{endpoint}' has no host")))?;
+    match url.scheme() {
+        "https" => Ok(()),
+        "http" if allow_insecure_http || is_loopback(host) => Ok(()),
+        "http" => Err(ConfigError::new(
+            "endpoint",
+            format!("plain http to non-loopback host '{host}' is refused; use https or set allow_insecure_http"),
+        )),
+        other => Err(ConfigError::new("endpoint", format!("scheme '{other}' is not http or https"))),
+    }
+}
+
+fn is_loopback(host: &str) -> bool {
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    bare.eq_ignore_ascii_case("localhost")
+        || bare.parse::<std::net::IpAddr>().map(|ip| ip.is_loopback()).unwrap_or(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_match_the_design() {
+        let c = Config::new("https://collector.example/v1/batch");
+        c.validate().unwrap();
+        assert_eq!(c.memory_capacity, 1000);
+        assert_eq!(c.max_disk_bytes, 10 * 1024 * 1024);
+        assert_eq!(c.max_event_age_ms, 7 * 24 * 3600 * 1000);
+        assert_eq!(c.compression, Compression::Gzip);
+    }
+
+    #[test]
+    fn every_name_can_be_set() {
+        let mut c = Config::new("https://x.example");
+        for name in CONFIG_NAMES {
+            let value = match *name {
+                "endpoint" => "https://y.example",
+                "api_key" => "k",
+                "db_path" => "/tmp/x.db",
+                "compression" => "none",
+                "durability" => "always",
+                "allow_insecure_http" => "true",
+                _ => "7",
+            };
+            c.set(name, value).unwrap_or_else(|e| panic!("{name}: {e}"));
+        }
+        assert_eq!(c.max_auto_attempts, 7);
+    }
+
+    #[test]
+    fn bad_values_name_the_field() {
+        let mut c = Config::new("https://x.example");
+        let e = c.set("flush_at", "many").unwrap_err();
+        assert!(e.to_string().contains("flush_at"), "{e}");
+        let e = c.set("no_such_thing", "1").unwrap_err();
+        assert!(e.to_string().contains("no_such_thing"), "{e}");
+        c.memory_capacity = 0;
+        assert!(c.validate().unwrap_err().to_string().contains("memory_capacity"));
+    }
+
+    #[test]
+    fn plain_http_only_to_loopback() {
+        for ok in ["http://127.0.0.1:9/x", "http://localhost/x", "http://[::1]:8/x"] {
+            Config::new(ok).validate().unwrap();
+        }
+        let e = Config::new("http://collector.example/x").validate().unwrap_err();
+        assert!(e.to_string().contains("endpoint"), "{e}");
+        let mut c = Config::new("http://collector.example/x");
+        c.allow_insecure_http = true;
+        c.validate().unwrap();
+        assert!(Config::new("ftp://x").validate().is_err());
+        assert!(Config::new("not a url").validate().is_err());
+    }
+
+    #[test]
+    fn disk_cap_smaller_than_events_is_refused() {
+        let mut c = Config::new("https://x.example");
+        c.db_path = Some("/tmp/x".into());
+        c.max_disk_bytes = 1000;
+        assert!(c.validate().unwrap_err().to_string().contains("max_disk_bytes"));
+    }
+}

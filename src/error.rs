@@ -1,0 +1,54 @@
+//! The public error type. Messages name what is wrong and never carry an API key or an event's
+//! payload, so they are safe to log and to show across the FFI.
+
+use std::fmt;
+
+/// A configuration value the SDK refuses, with the DESIGN §6 name of the field.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigError {
+    pub field: String,
+    pub reason: String,
+}
+
+impl ConfigError {
+    pub fn new(field: &str, reason: impl Into<String>) -> ConfigError {
+        ConfigError { field: field.to_string(), reason: reason.into() }
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.field, self.reason)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("invalid configuration: {0}")]
+    Config(#[from] ConfigError),
+    /// The event was refused at `track()`; the text names the field.
+    #[error("invalid event: {0}")]
+    InvalidEvent(String),
+    #[error("event is {size} bytes serialized, over max_event_bytes ({limit})")]
+    EventTooLarge { size: u64, limit: u64 },
+    /// `set_enabled(false)` is in force: the user opted out, nothing is recorded.
+    #[error("tracking is disabled")]
+    Disabled,
+    #[error("the spool is shut down")]
+    ShutDown,
+    /// The SQLite store failed; the text says which operation.
+    #[error("storage: {0}")]
+    Storage(String),
+    #[error("not found: {0}")]
+    NotFound(String),
+}
+
+impl From<rusqlite::Error> for Error {
+    fn from(e: rusqlite::Error) -> Error {
+        Error::Storage(e.to_string())
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

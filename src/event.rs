@@ -1,0 +1,228 @@
+//! Events as the app hands them in, and as they travel: validated once at `track()`, serialized
+//! once into their wire form (DESIGN §3), and from then on moved around as that string, so a
+//! batch is built by joining strings and a resend carries byte-identical events.
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde::Serialize;
+use serde_json::{Map, Value};
+use uuid::Uuid;
+
+use crate::error::{Error, Result};
+
+pub const MAX_NAME_BYTES: usize = 256;
+pub const MAX_SESSION_ID_BYTES: usize = 256;
+
+/// The identity of an event, made once at `track()` (UUID v7: time-ordered, so collectors index
+/// it cheaply) and kept through retries, restarts and redrives so the collector can deduplicate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct EventId(pub Uuid);
+
+impl EventId {
+    pub fn new() -> EventId {
+        EventId(Uuid::now_v7())
+    }
+
+    pub fn parse(text: &str) -> Result<EventId> {
+        Uuid::try_parse(text)
+            .map(EventId)
+            .map_err(|_| Error::InvalidEvent(format!("event_id '{}' is not a UUID", truncate(text, 64))))
+    }
+}
+
+impl Default for EventId {
+    fn default() -> Self {
+        EventId::new()
+    }
+}
+
+impl std::fmt::Display for EventId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.hyphenated().fmt(f)
+    }
+}
+
+/// An event with every optional field the caller may set (idempotent producers pass their own
+/// `event_id`; importers pass historical timestamps).
+#[derive(Clone, Debug, Default)]
+pub struct NewEvent {
+    pub name: String,
+    pub properties: Value,
+    pub event_id: Option<String>,
+    /// RFC 3339; any offset is accepted and normalized to UTC milliseconds.
+    pub timestamp: Option<String>,
+    pub session_id: Option<String>,
+}
+
+impl NewEvent {
+    pub fn new(name: impl Into<String>, properties: Value) -> NewEvent {
+        NewEvent { name: name.into(), properties, ..NewEvent::default() }
+    }
+}
+
+/// An accepted event in its wire form, with the keys that order it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QueuedEvent {
+    /// Milliseconds since the Unix epoch, UTC: the primary delivery order.
+    pub ts_ms: i64,
+    /// Position in `track()` order: breaks timestamp ties.
+    pub seq: u64,
+    pub id: EventId,
+    /// The event's JSON object exactly as it goes on the wire.
+    pub json: Box<str>,
+}
+
+impl QueuedEvent {
+    /// The delivery order of DESIGN §3: timestamp, then `track()` order.
+    pub fn key(&self) -> (i64, u64) {
+        (self.ts_ms, self.seq)
+    }
+
+    pub fn bytes(&self) -> u64 {
+        self.json.len() as u64
+    }
+}
+
+#[derive(Serialize)]
+struct WireEvent<'a> {
+    event_id: &'a str,
+    name: &'a str,
+    timestamp: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    session_id: Option<&'a str>,
+    properties: &'a Map<String, Value>,
+}
+
+/// Validates an event and renders its wire form; `now_ms` is the wall clock for a missing timestamp.
+pub fn prepare(event: &NewEvent, now_ms: i64, seq: u64, max_event_bytes: u64) -> Result<QueuedEvent> {
+    if event.name.is_empty() {
+        return Err(Error::InvalidEvent("name is empty".into()));
+    }
+    if event.name.len() > MAX_NAME_BYTES {
+        return Err(Error::InvalidEvent(format!(
+            "name is {} bytes, over the limit of {MAX_NAME_BYTES}",
+            event.name.len()
+        )));
+    }
+    let Value::Object(properties) = &event.properties else {
+        return Err(Error::InvalidEvent(format!(
+            "properties must be a JSON object, got {}",
+            json_kind(&event.properties)
+        )));
+    };
+    if let Some(session) = &event.session_id
+        && session.len() > MAX_SESSION_ID_BYTES
+    {
+        return Err(Error::InvalidEvent(format!(
+            "session_id is {} bytes, over the limit of {MAX_SESSION_ID_BYTES}",
+            session.len()
+        )));
+    }
+    let id = match &event.event_id {
+        Some(text) => EventId::parse(text)?,
+        None => EventId::new(),
+    };
+    let ts_ms = match &event.timestamp {
+        Some(text) => parse_timestamp(text)?,
+        None => now_ms,
+    };
+    let mut id_buf = Uuid::encode_buffer();
+    let wire = WireEvent {
+        event_id: id.0.hyphenated().encode_lower(&mut id_buf),
+        name: &event.name,
+        timestamp: &format_timestamp(ts_ms),
+        session_id: event.session_id.as_deref(),
+        properties,
+    };
+    let json = serde_json::to_string(&wire).map_err(|e| Error::InvalidEvent(format!("cannot serialize: {e}")))?;
+    if json.len() as u64 > max_event_bytes {
+        return Err(Error::EventTooLarge { size: json.len() as u64, limit: max_event_bytes });
+    }
+    Ok(QueuedEvent { ts_ms, seq, id, json: json.into_boxed_str() })
+}
+
+/// Parses RFC 3339 (any offset) into UTC milliseconds.
+pub fn parse_timestamp(text: &str) -> Result<i64> {
+    DateTime::parse_from_rfc3339(text)
+        .map(|t| t.timestamp_millis())
+        .map_err(|e| Error::InvalidEvent(format!("timestamp '{}' is not RFC 3339: {e}", truncate(text, 64))))
+}
+
+/// RFC 3339 UTC with millisecond precision, the one timestamp format on the wire.
+pub fn format_timestamp(ms: i64) -> String {
+    DateTime::<Utc>::from_timestamp_millis(ms)
+        .unwrap_or_default()
+        .to_rfc3339_opts(SecondsFormat::Millis, true)
+}
+
+fn json_kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// Cuts echoed input so an error message stays short (and never carries a whole payload).
+fn truncate(text: &str, max: usize) -> &str {
+    match text.char_indices().nth(max) {
+        Some((i, _)) => &text[..i],
+        None => text,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn prep(e: &NewEvent) -> Result<QueuedEvent> {
+        prepare(e, 1_764_417_600_000, 1, 32 * 1024)
+    }
+
+    #[test]
+    fn wire_form_matches_the_protocol() {
+        let mut e = NewEvent::new("screen_view", json!({"screen": "home"}));
+        e.session_id = Some("s-1".into());
+        e.timestamp = Some("2026-11-29T12:58:00.001+01:00".into());
+        let q = prep(&e).unwrap();
+        let v: Value = serde_json::from_str(&q.json).unwrap();
+        assert_eq!(v["name"], "screen_view");
+        assert_eq!(v["timestamp"], "2026-11-29T11:58:00.001Z");
+        assert_eq!(v["session_id"], "s-1");
+        assert_eq!(v["properties"]["screen"], "home");
+        assert_eq!(v["event_id"], q.id.to_string());
+    }
+
+    #[test]
+    fn bad_input_is_refused_with_a_reason() {
+        let cases = [
+            (NewEvent::new("", json!({})), "name is empty"),
+            (NewEvent::new("x".repeat(257), json!({})), "name is 257 bytes"),
+            (NewEvent::new("a", json!([1])), "an array"),
+            (NewEvent::new("a", json!(3)), "a number"),
+            (NewEvent { event_id: Some("nope".into()), ..NewEvent::new("a", json!({})) }, "not a UUID"),
+            (NewEvent { timestamp: Some("yesterday".into()), ..NewEvent::new("a", json!({})) }, "RFC 3339"),
+        ];
+        for (event, expected) in cases {
+            let e = prep(&event).unwrap_err().to_string();
+            assert!(e.contains(expected), "{e} should contain {expected}");
+        }
+    }
+
+    #[test]
+    fn oversized_event_names_size_and_limit() {
+        let e = prepare(&NewEvent::new("a", json!({"x": "y".repeat(500)})), 0, 1, 300).unwrap_err();
+        let text = e.to_string();
+        assert!(text.contains("300") && text.contains("max_event_bytes"), "{text}");
+    }
+
+    #[test]
+    fn explicit_event_id_is_kept() {
+        let id = "0193a0b2-7c4e-7000-8000-000000000001";
+        let q = prep(&NewEvent { event_id: Some(id.into()), ..NewEvent::new("a", json!({})) }).unwrap();
+        assert_eq!(q.id.to_string(), id);
+    }
+}

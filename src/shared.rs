@@ -1,0 +1,251 @@
+//! The state every part of a spool shares: the buffer, the store, the counters, the control
+//! flags the app's calls set, and the published delivery state. The handle ([`crate::EventSpool`]),
+//! the delivery worker and the spiller thread each hold an `Arc` of it.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+
+use crate::buffer::MemoryBuffer;
+use crate::clock::Clock;
+use crate::config::Config;
+use crate::error::Result;
+use crate::event::QueuedEvent;
+use crate::quarantine::{MemoryQuarantine, QuarantinedEvent};
+use crate::state::{DeliveryObserver, DeliveryState, DeliveryStatus, Notice};
+use crate::stats::{Counters, DropReason};
+use crate::store::Store;
+use crate::transport::Transport;
+
+/// Locks a mutex even if a panicking thread poisoned it: every structure behind these locks is
+/// left consistent between statements, and a caught panic must not wedge the app's `track()`.
+pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Requests from the app to the worker. Edges (`retry_now`, `dismiss`, ...) are consumed once.
+#[derive(Clone, Debug)]
+pub struct Control {
+    pub online: bool,
+    pub online_changed: bool,
+    pub enabled: bool,
+    pub enabled_changed: bool,
+    pub flush: bool,
+    pub retry_now: bool,
+    pub dismiss: bool,
+    pub resume: bool,
+    pub api_key_changed: bool,
+    pub shutdown: bool,
+}
+
+impl Default for Control {
+    fn default() -> Self {
+        Control {
+            online: true,
+            online_changed: false,
+            enabled: true,
+            enabled_changed: false,
+            flush: false,
+            retry_now: false,
+            dismiss: false,
+            resume: false,
+            api_key_changed: false,
+            shutdown: false,
+        }
+    }
+}
+
+/// The published state; a retry deadline is kept on the monotonic clock so `state()` can say
+/// how long is left at the moment it is called.
+pub struct StateCell {
+    pub state: DeliveryState,
+    pub retry_deadline_ms: Option<u64>,
+    pub last_published: Option<DeliveryStatus>,
+}
+
+/// The spiller thread's mailbox: generations let `durability = always` wait for its own commit.
+#[derive(Default)]
+pub struct SpillSignal {
+    pub requested: u64,
+    pub committed: u64,
+    pub failed: u64,
+    pub stop: bool,
+}
+
+pub struct Shared {
+    pub config: Config,
+    pub api_key: Mutex<Option<String>>,
+    pub clock: Arc<dyn Clock>,
+    pub transport: Arc<dyn Transport>,
+    pub buffer: Mutex<MemoryBuffer>,
+    /// Serializes moving events between memory and the store (spill, persist, batch assembly,
+    /// acknowledgement) so no event is ever in neither place or counted in both.
+    pub spill_lock: Mutex<()>,
+    pub store: Option<Store>,
+    pub memory_quarantine: Mutex<MemoryQuarantine>,
+    pub counters: Counters,
+    pub next_seq: AtomicU64,
+    pub control: Mutex<Control>,
+    pub wake: tokio::sync::Notify,
+    /// Set by `track()` when `flush_at` is reached, so only the first such call wakes the worker.
+    pub flush_at_reached: AtomicBool,
+    pub enabled: AtomicBool,
+    pub state: Mutex<StateCell>,
+    pub state_changed: Condvar,
+    pub observers: Mutex<Vec<Arc<dyn DeliveryObserver>>>,
+    pub spill: Mutex<SpillSignal>,
+    pub spill_cv: Condvar,
+    pub shutdown: tokio::sync::watch::Sender<bool>,
+}
+
+impl Shared {
+    pub fn control(&self, f: impl FnOnce(&mut Control)) {
+        f(&mut lock(&self.control));
+        self.wake.notify_one();
+    }
+
+    pub fn take_control(&self) -> Control {
+        let mut c = lock(&self.control);
+        let snapshot = c.clone();
+        c.online_changed = false;
+        c.enabled_changed = false;
+        c.flush = false;
+        c.retry_now = false;
+        c.dismiss = false;
+        c.resume = false;
+        c.api_key_changed = false;
+        snapshot
+    }
+
+    pub fn status(&self) -> DeliveryStatus {
+        let cell = lock(&self.state);
+        let mut state = cell.state.clone();
+        if let (DeliveryState::RetryScheduled { retry_in_ms, next_retry_at_ms, .. }, Some(deadline)) =
+            (&mut state, cell.retry_deadline_ms)
+        {
+            let now = self.clock.now_ms();
+            *retry_in_ms = deadline.saturating_sub(now);
+            *next_retry_at_ms = self.clock.wall_ms() + *retry_in_ms as i64;
+        }
+        DeliveryStatus { state, pending: self.counters.pending() }
+    }
+
+    /// Records a new state and tells the observers if what they would render changed.
+    /// Observers run after every lock is released; a panicking one is contained and counted.
+    pub fn publish(&self, state: DeliveryState, retry_deadline_ms: Option<u64>) {
+        let status = {
+            let mut cell = lock(&self.state);
+            cell.state = state;
+            cell.retry_deadline_ms = retry_deadline_ms;
+            drop(cell);
+            let status = self.status();
+            let mut cell = lock(&self.state);
+            if cell.last_published.as_ref() == Some(&status) {
+                None
+            } else {
+                cell.last_published = Some(status.clone());
+                Some(status)
+            }
+        };
+        self.state_changed.notify_all();
+        if let Some(status) = status {
+            let observers = lock(&self.observers).clone();
+            for observer in observers {
+                self.contain("observer", || observer.on_state(&status));
+            }
+        }
+    }
+
+    pub fn notice(&self, notice: Notice) {
+        tracing::warn!(?notice, "eventspool notice");
+        let observers = lock(&self.observers).clone();
+        for observer in observers {
+            self.contain("observer", || observer.on_notice(&notice));
+        }
+    }
+
+    /// Runs app-supplied code so that its panic cannot unwind into the SDK.
+    pub fn contain(&self, what: &str, f: impl FnOnce()) {
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).is_err() {
+            self.counters.panics.fetch_add(1, Ordering::Relaxed);
+            tracing::error!("{what} panicked; contained");
+        }
+    }
+
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Moves the spill queue into the store. The caller holds `spill_lock`.
+    pub fn spill_locked(&self) -> Result<()> {
+        let Some(store) = &self.store else { return Ok(()) };
+        let (events, generation) = {
+            let mut buffer = lock(&self.buffer);
+            let events = buffer.take_spill();
+            (events, lock(&self.spill).requested)
+        };
+        if events.is_empty() {
+            self.mark_committed(generation, true);
+            return Ok(());
+        }
+        match store.insert(&events) {
+            Ok(report) => {
+                self.counters.drop(DropReason::DiskCap, report.evicted);
+                self.counters.drop(DropReason::QuarantineCap, report.evicted_quarantine);
+                self.mark_committed(generation, true);
+                Ok(())
+            }
+            Err(e) => {
+                lock(&self.buffer).return_spill(events);
+                self.counters.store_errors.fetch_add(1, Ordering::Relaxed);
+                self.mark_committed(generation, false);
+                self.notice(Notice::StoreUnavailable { reason: e.to_string() });
+                Err(e)
+            }
+        }
+    }
+
+    pub fn spill_now(&self) -> Result<()> {
+        let _guard = lock(&self.spill_lock);
+        self.spill_locked()
+    }
+
+    fn mark_committed(&self, generation: u64, ok: bool) {
+        let mut s = lock(&self.spill);
+        if ok {
+            s.committed = s.committed.max(generation);
+        } else {
+            s.failed = s.failed.max(generation);
+        }
+        drop(s);
+        self.spill_cv.notify_all();
+    }
+
+    /// Takes events out of the queue after the collector answered for them (delivered or
+    /// quarantined): from the store, and from the in-flight set in memory.
+    pub fn remove_from_queue(&self, events: &[(QueuedEvent, bool)]) -> Result<()> {
+        let _guard = lock(&self.spill_lock);
+        let memory: Vec<u64> = events.iter().filter(|(_, from_store)| !from_store).map(|(e, _)| e.seq).collect();
+        let mut on_disk: Vec<u64> = events.iter().filter(|(_, from_store)| *from_store).map(|(e, _)| e.seq).collect();
+        on_disk.extend(lock(&self.buffer).acknowledge(&memory));
+        if let Some(store) = &self.store
+            && !on_disk.is_empty()
+        {
+            store.delete(&on_disk)?;
+        }
+        Ok(())
+    }
+
+    /// Stores quarantined events (SQLite or memory) and applies the quarantine's limits.
+    pub fn add_to_quarantine(&self, entries: Vec<QuarantinedEvent>) -> Result<()> {
+        let now = self.clock.wall_ms();
+        let cutoff = now.saturating_sub(self.config.quarantine_retention_ms as i64);
+        let max = self.config.quarantine_max_events;
+        let evicted = match &self.store {
+            Some(store) => store.with_quarantine(|q| q.add(&entries, max, cutoff))?,
+            None => lock(&self.memory_quarantine).add(entries, max, cutoff),
+        };
+        self.counters.drop(DropReason::QuarantineCap, evicted.cap);
+        self.counters.drop(DropReason::QuarantineExpired, evicted.expired);
+        Ok(())
+    }
+}

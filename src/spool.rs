@@ -1,0 +1,530 @@
+//! [`EventSpool`], the handle an app holds: `track()` and the few verbs of DESIGN §5.
+//! Cheap to clone and share between threads; the last clone to go shuts the spool down.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use futures_util::FutureExt;
+
+use crate::buffer::MemoryBuffer;
+use crate::clock::{Clock, SystemClock};
+use crate::config::{Config, Durability};
+use crate::error::{ConfigError, Error, Result};
+use crate::event::{self, EventId, NewEvent, QueuedEvent};
+use crate::quarantine::{ListFilter, MemoryQuarantine, QuarantinedEvent, Selector};
+use crate::shared::{Control, Shared, SpillSignal, StateCell, lock};
+use crate::state::{DeliveryObserver, DeliveryState, DeliveryStatus, Notice};
+use crate::stats::{Counters, DropReason, Stats};
+use crate::store::Store;
+use crate::transport::{ReqwestTransport, Transport, TransportError};
+use crate::worker;
+
+/// How long `track()` with `durability = always` waits for its commit before it gives up on
+/// durability (the event stays queued in memory and the store error is reported).
+const ALWAYS_COMMIT_WAIT: Duration = Duration::from_secs(5);
+
+/// Options beyond [`Config`]: collaborators an app or a test supplies.
+pub struct SpoolBuilder {
+    config: Config,
+    clock: Option<Arc<dyn Clock>>,
+    transport: Option<Arc<dyn Transport>>,
+    observers: Vec<Arc<dyn DeliveryObserver>>,
+    online: bool,
+}
+
+impl SpoolBuilder {
+    /// Time source for timers, timestamps and ages (tests inject a [`crate::ManualClock`]).
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = Some(clock);
+        self
+    }
+
+    /// The HTTP stack (default: the built-in reqwest transport).
+    pub fn transport(mut self, transport: Arc<dyn Transport>) -> Self {
+        self.transport = Some(transport);
+        self
+    }
+
+    /// An observer registered before the worker starts, so it sees the very first state.
+    pub fn observer(mut self, observer: Arc<dyn DeliveryObserver>) -> Self {
+        self.observers.push(observer);
+        self
+    }
+
+    /// Starts offline (no attempt until `set_online(true)`), as an app that knows it has no network.
+    pub fn start_offline(mut self) -> Self {
+        self.online = false;
+        self
+    }
+
+    pub fn open(self) -> Result<EventSpool> {
+        EventSpool::start(self)
+    }
+}
+
+struct Handle {
+    shared: Arc<Shared>,
+    runtime: Mutex<Option<tokio::runtime::Runtime>>,
+    worker_done: Mutex<Option<std::sync::mpsc::Receiver<()>>>,
+    spiller: Mutex<Option<JoinHandle<()>>>,
+    closed: AtomicBool,
+}
+
+/// The spool. See the crate documentation for the life of an event.
+#[derive(Clone)]
+pub struct EventSpool {
+    handle: Arc<Handle>,
+}
+
+impl EventSpool {
+    /// Opens a spool with the built-in transport and the system clock.
+    pub fn open(config: Config) -> Result<EventSpool> {
+        EventSpool::builder(config).open()
+    }
+
+    pub fn builder(config: Config) -> SpoolBuilder {
+        SpoolBuilder { config, clock: None, transport: None, observers: Vec::new(), online: true }
+    }
+
+    fn start(b: SpoolBuilder) -> Result<EventSpool> {
+        let config = b.config;
+        config.validate()?;
+        if config.durability == Durability::Always && config.db_path.is_none() {
+            return Err(ConfigError::new("durability", "'always' needs db_path: there is no store to write to").into());
+        }
+        let clock = b.clock.unwrap_or_else(|| Arc::new(SystemClock::new()));
+        let transport: Arc<dyn Transport> = match b.transport {
+            Some(t) => t,
+            None => Arc::new(
+                ReqwestTransport::new().map_err(|e: TransportError| Error::Storage(format!("HTTP client: {e}")))?,
+            ),
+        };
+        let mut recovered = None;
+        let store = match &config.db_path {
+            Some(path) => {
+                let opened = Store::open(path, config.max_disk_bytes, clock.wall_ms())?;
+                recovered = opened.recovered;
+                Some(opened.store)
+            }
+            None => None,
+        };
+        let restored = store.as_ref().map(Store::len).unwrap_or(0);
+        let next_seq = match &store {
+            Some(s) => s.next_seq()?,
+            None => 1,
+        };
+        let (shutdown, _) = tokio::sync::watch::channel(false);
+        let shared = Arc::new(Shared {
+            api_key: Mutex::new(config.api_key.clone()),
+            clock,
+            transport,
+            buffer: Mutex::new(MemoryBuffer::default()),
+            spill_lock: Mutex::new(()),
+            store,
+            memory_quarantine: Mutex::new(MemoryQuarantine::default()),
+            counters: Counters::default(),
+            next_seq: AtomicU64::new(next_seq),
+            control: Mutex::new(Control { online: b.online, ..Control::default() }),
+            wake: tokio::sync::Notify::new(),
+            flush_at_reached: AtomicBool::new(false),
+            enabled: AtomicBool::new(true),
+            state: Mutex::new(StateCell {
+                state: if b.online { DeliveryState::Idle } else { DeliveryState::Offline },
+                retry_deadline_ms: None,
+                last_published: None,
+            }),
+            state_changed: Condvar::new(),
+            observers: Mutex::new(b.observers),
+            spill: Mutex::new(SpillSignal::default()),
+            spill_cv: Condvar::new(),
+            shutdown,
+            config,
+        });
+        shared.counters.restored.fetch_add(restored, Ordering::Relaxed);
+        shared.counters.enqueued(restored);
+        if restored >= shared.config.flush_at {
+            shared.flush_at_reached.store(true, Ordering::SeqCst);
+        }
+        if let Some((moved_to, reason)) = recovered {
+            shared.counters.stores_recovered.fetch_add(1, Ordering::Relaxed);
+            shared.notice(Notice::StoreRecovered { moved_to: moved_to.display().to_string(), reason });
+        }
+        let spiller = match &shared.store {
+            Some(_) => {
+                let s = shared.clone();
+                Some(
+                    std::thread::Builder::new()
+                        .name("eventspool-spill".into())
+                        .spawn(move || spiller(s))
+                        .map_err(|e| Error::Storage(format!("cannot start spill thread: {e}")))?,
+                )
+            }
+            None => None,
+        };
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("eventspool-worker")
+            .enable_all()
+            .build()
+            .map_err(|e| Error::Storage(format!("cannot start worker runtime: {e}")))?;
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let s = shared.clone();
+        runtime.spawn(async move {
+            loop {
+                let run = std::panic::AssertUnwindSafe(worker::run(s.clone())).catch_unwind().await;
+                if run.is_ok() || lock(&s.control).shutdown {
+                    break;
+                }
+                s.counters.panics.fetch_add(1, Ordering::Relaxed);
+                s.notice(Notice::InternalError { message: "delivery worker panicked; restarted".into() });
+            }
+            let _ = done_tx.send(());
+        });
+        Ok(EventSpool {
+            handle: Arc::new(Handle {
+                shared,
+                runtime: Mutex::new(Some(runtime)),
+                worker_done: Mutex::new(Some(done_rx)),
+                spiller: Mutex::new(spiller),
+                closed: AtomicBool::new(false),
+            }),
+        })
+    }
+
+    fn shared(&self) -> &Shared {
+        &self.handle.shared
+    }
+
+    /// Records an event now. Never waits on disk or network (except with `durability = always`,
+    /// which waits for the shared commit that makes it durable).
+    pub fn track(&self, name: &str, properties: serde_json::Value) -> Result<EventId> {
+        self.track_event(NewEvent::new(name, properties))
+    }
+
+    /// Records an event with any of its optional fields set by the caller.
+    pub fn track_event(&self, event: NewEvent) -> Result<EventId> {
+        let s = self.shared();
+        if self.handle.closed.load(Ordering::Relaxed) {
+            return Err(Error::ShutDown);
+        }
+        if !s.enabled.load(Ordering::Relaxed) {
+            return Err(Error::Disabled);
+        }
+        let queued = event::prepare(&event, s.clock.wall_ms(), s.next_seq(), s.config.max_event_bytes)?;
+        let id = queued.id;
+        s.counters.tracked.fetch_add(1, Ordering::Relaxed);
+        s.counters.enqueued(1);
+        match s.config.durability {
+            Durability::Spill => self.enqueue(queued),
+            Durability::Always => self.enqueue_durably(queued),
+        }
+        if s.counters.pending() >= s.config.flush_at && !s.flush_at_reached.load(Ordering::Relaxed) {
+            s.flush_at_reached.store(true, Ordering::SeqCst);
+            s.wake.notify_one();
+        }
+        Ok(id)
+    }
+
+    fn enqueue(&self, event: QueuedEvent) {
+        let s = self.shared();
+        let overflow =
+            lock(&s.buffer).push(event, s.config.memory_capacity as usize, s.store.is_some());
+        s.counters.drop(DropReason::MemoryOverflow, overflow.dropped);
+        if overflow.spill_started {
+            lock(&s.spill).requested += 1;
+            s.spill_cv.notify_all();
+        }
+    }
+
+    fn enqueue_durably(&self, event: QueuedEvent) {
+        let s = self.shared();
+        let generation = {
+            let mut buffer = lock(&s.buffer);
+            buffer.push_spill(event);
+            let mut spill = lock(&s.spill);
+            spill.requested += 1;
+            spill.requested
+        };
+        s.spill_cv.notify_all();
+        let deadline = Instant::now() + ALWAYS_COMMIT_WAIT;
+        let mut spill = lock(&s.spill);
+        while spill.committed < generation && spill.failed < generation && !spill.stop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            spill = s.spill_cv.wait_timeout(spill, left).map(|(g, _)| g).unwrap_or_else(|p| p.into_inner().0);
+        }
+    }
+
+    /// Tells the spool whether the device has a network. Offline means no attempts at all; the
+    /// offline → online edge starts a fresh failure episode and sends what is pending.
+    pub fn set_online(&self, online: bool) {
+        self.shared().control(|c| {
+            if c.online != online {
+                c.online = online;
+                c.online_changed = true;
+            }
+        });
+    }
+
+    /// Asks for pending events to be sent now (no effect while offline, paused or disabled).
+    pub fn flush(&self) {
+        self.shared().control(|c| c.flush = true);
+    }
+
+    /// Skips the countdown; from `WaitingForUser`, makes one manual attempt.
+    pub fn retry_now(&self) {
+        self.shared().control(|c| c.retry_now = true);
+    }
+
+    /// The user's "Back": stop retrying, keep every event, stay idle until the next trigger
+    /// (the periodic flush, `flush()`, `retry_now()` or a reconnect), not `flush_at`.
+    pub fn dismiss(&self) {
+        self.shared().control(|c| c.dismiss = true);
+    }
+
+    /// Leaves `Paused`.
+    pub fn resume(&self) {
+        self.shared().control(|c| c.resume = true);
+    }
+
+    /// New credentials; leaves `Paused{auth}`.
+    pub fn set_api_key(&self, api_key: Option<String>) -> Result<()> {
+        if let Some(key) = &api_key
+            && (key.is_empty() || key.chars().any(|c| c.is_control()))
+        {
+            return Err(ConfigError::new("api_key", "must be non-empty and contain no control characters").into());
+        }
+        *lock(&self.shared().api_key) = api_key;
+        self.shared().control(|c| c.api_key_changed = true);
+        Ok(())
+    }
+
+    /// Opt-out: `false` stops delivery and makes `track()` return [`Error::Disabled`]; what is
+    /// queued stays until [`EventSpool::purge_pending`] or `set_enabled(true)`.
+    pub fn set_enabled(&self, enabled: bool) {
+        self.shared().enabled.store(enabled, Ordering::SeqCst);
+        self.shared().control(|c| {
+            if c.enabled != enabled {
+                c.enabled = enabled;
+                c.enabled_changed = true;
+            }
+        });
+    }
+
+    /// Deletes every queued event (memory and store) that is not in flight; returns how many.
+    pub fn purge_pending(&self) -> Result<u64> {
+        let s = self.shared();
+        let _guard = lock(&s.spill_lock);
+        let mut n = lock(&s.buffer).clear();
+        if let Some(store) = &s.store {
+            n += store.purge_queue()?;
+        }
+        s.counters.drop(DropReason::Purged, n);
+        Ok(n)
+    }
+
+    /// The current state, with `retry_in_ms` computed now.
+    pub fn state(&self) -> DeliveryStatus {
+        self.shared().status()
+    }
+
+    pub fn add_observer(&self, observer: Arc<dyn DeliveryObserver>) {
+        lock(&self.shared().observers).push(observer);
+    }
+
+    pub fn stats(&self) -> Stats {
+        let s = self.shared();
+        let mut stats = s.counters.snapshot();
+        stats.pending_memory = lock(&s.buffer).len() as u64;
+        if let Some(store) = &s.store {
+            stats.pending_disk = store.len();
+            stats.store_bytes = store.disk_usage();
+            stats.quarantine = store.with_quarantine(|q| q.counts()).unwrap_or_default();
+        } else {
+            stats.quarantine = lock(&s.memory_quarantine).counts();
+        }
+        stats
+    }
+
+    /// Waits (real time) until `done` holds for the state, or the timeout passes.
+    pub fn wait_for(&self, timeout: Duration, done: impl Fn(&DeliveryStatus) -> bool) -> Option<DeliveryStatus> {
+        let s = self.shared();
+        let deadline = Instant::now() + timeout;
+        loop {
+            let status = s.status();
+            if done(&status) {
+                return Some(status);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            let cell = lock(&s.state);
+            let _ = s.state_changed.wait_timeout(cell, left.min(Duration::from_millis(20)));
+        }
+    }
+
+    /// Waits until nothing is pending and the worker is idle, or the timeout passes.
+    pub fn wait_drained(&self, timeout: Duration) -> bool {
+        self.wait_for(timeout, |st| st.pending == 0 && st.state == DeliveryState::Idle).is_some()
+    }
+
+    /// Moves everything in memory to the store now: call it when the app goes to the background.
+    /// Returns how many events were written. Without a store it does nothing.
+    pub fn persist(&self) -> Result<u64> {
+        let s = self.shared();
+        let Some(store) = &s.store else { return Ok(0) };
+        let _guard = lock(&s.spill_lock);
+        let (moved, copies) = lock(&s.buffer).take_for_persist();
+        let mut all = moved.clone();
+        all.extend(copies.iter().cloned());
+        match store.insert(&all) {
+            Ok(report) => {
+                s.counters.drop(DropReason::DiskCap, report.evicted);
+                s.counters.drop(DropReason::QuarantineCap, report.evicted_quarantine);
+                Ok(report.inserted)
+            }
+            Err(e) => {
+                let mut buffer = lock(&s.buffer);
+                buffer.return_spill(moved);
+                buffer.unmark_persisted(&copies.iter().map(|e| e.seq).collect::<Vec<_>>());
+                s.counters.store_errors.fetch_add(1, Ordering::Relaxed);
+                Err(e)
+            }
+        }
+    }
+
+    /// Stops the worker (waiting at most `timeout` for an attempt in flight), writes what is in
+    /// memory to the store when there is one, and releases the store. Safe to call twice, and
+    /// from an observer (then it does not wait for the worker it is running on).
+    pub fn shutdown(&self, timeout: Duration) -> Result<()> {
+        let h = &self.handle;
+        if h.closed.swap(true, Ordering::SeqCst) {
+            return Ok(());
+        }
+        let s = &h.shared;
+        s.control(|c| c.shutdown = true);
+        s.shutdown.send_replace(true);
+        let on_worker_thread = {
+            let rt = lock(&h.runtime);
+            match (tokio::runtime::Handle::try_current(), rt.as_ref()) {
+                (Ok(current), Some(rt)) => current.id() == rt.handle().id(),
+                _ => false,
+            }
+        };
+        if !on_worker_thread && let Some(done) = lock(&h.worker_done).take() {
+            let _ = done.recv_timeout(timeout);
+        }
+        let result = self.persist().map(|_| ());
+        {
+            let mut spill = lock(&s.spill);
+            spill.stop = true;
+        }
+        s.spill_cv.notify_all();
+        if let Some(thread) = lock(&h.spiller).take()
+            && !on_worker_thread
+        {
+            let _ = thread.join();
+        }
+        if let Some(rt) = lock(&h.runtime).take() {
+            rt.shutdown_background();
+        }
+        result
+    }
+
+    /// Quarantined events, oldest first.
+    pub fn quarantine_list(&self, filter: &ListFilter) -> Result<Vec<QuarantinedEvent>> {
+        match &self.shared().store {
+            Some(store) => store.with_quarantine(|q| q.list(filter)),
+            None => Ok(lock(&self.shared().memory_quarantine).list(filter)),
+        }
+    }
+
+    pub fn quarantine_get(&self, event_id: &str) -> Result<Option<QuarantinedEvent>> {
+        match &self.shared().store {
+            Some(store) => store.with_quarantine(|q| q.get(event_id)),
+            None => Ok(lock(&self.shared().memory_quarantine).get(event_id)),
+        }
+    }
+
+    /// Puts quarantined events back in the queue with their original `event_id`; they go out
+    /// through the normal throttled batches. Returns how many.
+    pub fn quarantine_redrive(&self, selector: &Selector) -> Result<u64> {
+        let s = self.shared();
+        let n = match &s.store {
+            Some(store) => {
+                let _guard = lock(&s.spill_lock);
+                store.redrive(selector, || s.next_seq())?
+            }
+            None => {
+                let taken = lock(&s.memory_quarantine).take(selector);
+                let n = taken.len() as u64;
+                s.counters.enqueued(n);
+                s.counters.redriven.fetch_add(n, Ordering::Relaxed);
+                for q in taken {
+                    let id = EventId::parse(&q.event_id)?;
+                    let event = QueuedEvent { ts_ms: q.ts_ms, seq: s.next_seq(), id, json: q.body.into_boxed_str() };
+                    let overflow = lock(&s.buffer).push(event, s.config.memory_capacity as usize, false);
+                    s.counters.drop(DropReason::MemoryOverflow, overflow.dropped);
+                }
+                self.flush();
+                return Ok(n);
+            }
+        };
+        s.counters.enqueued(n);
+        s.counters.redriven.fetch_add(n, Ordering::Relaxed);
+        self.flush();
+        Ok(n)
+    }
+
+    /// Deletes quarantined events for good. Returns how many.
+    pub fn quarantine_purge(&self, selector: &Selector) -> Result<u64> {
+        match &self.shared().store {
+            Some(store) => store.with_quarantine(|q| q.purge(selector)),
+            None => Ok(lock(&self.shared().memory_quarantine).take(selector).len() as u64),
+        }
+    }
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        if !self.closed.load(Ordering::SeqCst) {
+            let spool = EventSpool { handle: Arc::new(Handle {
+                shared: self.shared.clone(),
+                runtime: Mutex::new(lock(&self.runtime).take()),
+                worker_done: Mutex::new(lock(&self.worker_done).take()),
+                spiller: Mutex::new(lock(&self.spiller).take()),
+                closed: AtomicBool::new(false),
+            }) };
+            let _ = spool.shutdown(Duration::from_secs(2));
+            spool.handle.closed.store(true, Ordering::SeqCst);
+        }
+    }
+}
+
+/// The spill thread: moves overflow to disk so `track()` never waits on SQLite. It wakes when
+/// the spill queue starts filling and commits whatever has gathered by then in one go.
+fn spiller(s: Arc<Shared>) {
+    loop {
+        {
+            let mut spill = lock(&s.spill);
+            while spill.committed >= spill.requested && !spill.stop {
+                spill = s.spill_cv.wait(spill).unwrap_or_else(|p| p.into_inner());
+            }
+            if spill.stop {
+                return;
+            }
+        }
+        if s.spill_now().is_err() {
+            // The store refused (disk full, I/O error): try again in a second, events stay in memory.
+            let spill = lock(&s.spill);
+            if !spill.stop {
+                let _ = s.spill_cv.wait_timeout(spill, Duration::from_secs(1));
+            }
+        }
+    }
+}

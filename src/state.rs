@@ -1,0 +1,131 @@
+//! The delivery state a UI renders (DESIGN §5) and the observer that is told about it.
+//!
+//! ```text
+//! Idle ──trigger──▶ Sending ──ok──▶ Idle
+//!                     │ transient
+//!                     ▼
+//!            RetryScheduled{attempt, max_attempts, …} ──budget spent──▶ WaitingForUser{attempts}
+//!                     │ timer / retry_now()                               │ retry_now() / dismiss()
+//!                     ▼                                                   ▼
+//!                  Sending                                           Sending / Idle
+//! Offline (set_online(false)): no attempts at all.  Paused{auth|config}: until resume()/new key.
+//! ```
+
+use crate::classify::Failure;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PauseReason {
+    /// 401/403: the credentials were refused.
+    Auth,
+    /// Another 4xx or a 3xx: the endpoint is wrong.
+    Config,
+}
+
+impl PauseReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PauseReason::Auth => "auth",
+            PauseReason::Config => "config",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DeliveryState {
+    Idle,
+    Sending,
+    RetryScheduled {
+        /// Which automatic retry is next (1-based): "attempt 2 of 5".
+        attempt: u32,
+        max_attempts: u32,
+        /// Wall-clock estimate (Unix ms) of the retry, for display; timers use the monotonic clock.
+        next_retry_at_ms: i64,
+        /// Milliseconds left, computed when this value was made.
+        retry_in_ms: u64,
+        last_error: Failure,
+    },
+    WaitingForUser {
+        attempts: u32,
+        last_error: Failure,
+    },
+    Offline,
+    Paused {
+        reason: PauseReason,
+        last_error: Failure,
+    },
+    /// `set_enabled(false)`: the user opted out.
+    Disabled,
+}
+
+impl DeliveryState {
+    /// The snake_case name used in JSON summaries and logs.
+    pub fn name(&self) -> &'static str {
+        match self {
+            DeliveryState::Idle => "idle",
+            DeliveryState::Sending => "sending",
+            DeliveryState::RetryScheduled { .. } => "retry_scheduled",
+            DeliveryState::WaitingForUser { .. } => "waiting_for_user",
+            DeliveryState::Offline => "offline",
+            DeliveryState::Paused { .. } => "paused",
+            DeliveryState::Disabled => "disabled",
+        }
+    }
+}
+
+/// The state plus the number of events not yet delivered: everything a status line needs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeliveryStatus {
+    pub state: DeliveryState,
+    pub pending: u64,
+}
+
+impl std::fmt::Display for DeliveryStatus {
+    /// The seed UI's wording, handy for logs and terminal tools.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.state {
+            DeliveryState::Idle => write!(f, "idle, {} pending", self.pending),
+            DeliveryState::Sending => write!(f, "sending, {} pending", self.pending),
+            DeliveryState::RetryScheduled { attempt, max_attempts, retry_in_ms, last_error, .. } => write!(
+                f,
+                "connection lost ({last_error}): attempt {attempt} of {max_attempts}, next try in {} s, {} pending",
+                retry_in_ms.div_ceil(1000),
+                self.pending
+            ),
+            DeliveryState::WaitingForUser { attempts, last_error } => write!(
+                f,
+                "gave up after {attempts} attempts ({last_error}), waiting for retry, {} pending",
+                self.pending
+            ),
+            DeliveryState::Offline => write!(f, "offline, {} pending", self.pending),
+            DeliveryState::Paused { reason, last_error } => {
+                write!(f, "paused ({}: {last_error}), {} pending", reason.as_str(), self.pending)
+            }
+            DeliveryState::Disabled => write!(f, "disabled, {} pending", self.pending),
+        }
+    }
+}
+
+/// Notices beside the state machine that an app may want to surface or log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Notice {
+    /// The store file could not be used and was moved aside to this path; a fresh one was made.
+    StoreRecovered { moved_to: String, reason: String },
+    /// The store could not take events (disk full, read-only); they stay in memory meanwhile.
+    StoreUnavailable { reason: String },
+    /// A background task panicked; delivery was restarted.
+    InternalError { message: String },
+}
+
+/// Told about every transition and, while a retry is scheduled, once a second with the
+/// countdown. Called on the SDK's worker thread with no lock held: an app hops to its UI thread
+/// itself. A panic inside it is caught and does not stop delivery.
+pub trait DeliveryObserver: Send + Sync {
+    fn on_state(&self, status: &DeliveryStatus);
+    fn on_notice(&self, _notice: &Notice) {}
+}
+
+impl<F: Fn(&DeliveryStatus) + Send + Sync> DeliveryObserver for F {
+    fn on_state(&self, status: &DeliveryStatus) {
+        self(status)
+    }
+}

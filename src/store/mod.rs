@@ -1,0 +1,457 @@
+//! The SQLite store: the queue's overflow on disk, the quarantine, and persistent counters, in one
+//! file that never grows past `max_disk_bytes` (database plus WAL, measured on disk).
+//!
+//! One process owns a store at a time: a lock file next to it refuses a second handle with a
+//! clear error instead of letting two senders race ("database is locked", double sends). Within
+//! that owner, the events of the batch in flight are leased in memory so the disk cap never
+//! evicts what the collector may be acknowledging; a crash leaves them in the table, so they are
+//! sent again after restart with the same `event_id`s.
+
+mod quarantine_sql;
+pub mod schema;
+
+use std::fs::{File, OpenOptions};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use rusqlite::{Connection, ErrorCode, Transaction, params};
+use uuid::Uuid;
+
+use crate::error::{Error, Result};
+use crate::event::{EventId, QueuedEvent};
+
+pub use quarantine_sql::QuarantineSql;
+
+/// Counter names persisted in the `counters` table.
+pub mod counter {
+    pub const DISK_CAP: &str = "dropped.disk_cap";
+    pub const EXPIRED: &str = "dropped.expired";
+    pub const QUARANTINE_CAP: &str = "dropped.quarantine_cap";
+    pub const QUARANTINE_EXPIRED: &str = "dropped.quarantine_expired";
+}
+
+/// How `max_disk_bytes` is shared between the database file and its WAL, and how much one
+/// transaction may write so the WAL stays inside its share between checkpoints.
+#[derive(Clone, Copy, Debug)]
+struct DiskBudget {
+    cap: u64,
+    db_bytes: u64,
+    wal_bytes: u64,
+    txn_bytes: u64,
+}
+
+impl DiskBudget {
+    fn new(cap: u64) -> DiskBudget {
+        let wal_bytes = cap / 4;
+        DiskBudget { cap, db_bytes: cap - wal_bytes, wal_bytes, txn_bytes: (cap / 32).max(1) }
+    }
+}
+
+/// What an insert did besides inserting.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Inserted {
+    pub inserted: u64,
+    /// Oldest queued events removed to honour the disk cap.
+    pub evicted: u64,
+    /// Oldest quarantined events removed to honour the disk cap.
+    pub evicted_quarantine: u64,
+}
+
+pub struct Store {
+    conn: Mutex<Connection>,
+    path: PathBuf,
+    budget: DiskBudget,
+    page_size: u64,
+    /// Queued rows, kept in memory so stats never count the table.
+    rows: AtomicU64,
+    /// Seqs of the batch in flight: the disk cap and expiry leave them alone.
+    leased: Mutex<Vec<u64>>,
+    _lock: File,
+}
+
+/// A store as opened: the file may have been moved aside and replaced.
+pub struct Opened {
+    pub store: Store,
+    /// Where an unusable file was moved, and why.
+    pub recovered: Option<(PathBuf, String)>,
+}
+
+fn sqlite_code(e: &rusqlite::Error) -> Option<ErrorCode> {
+    match e {
+        rusqlite::Error::SqliteFailure(f, _) => Some(f.code),
+        _ => None,
+    }
+}
+
+/// The file is damaged or not an SQLite database at all (as opposed to, say, a full disk).
+fn is_corruption(e: &rusqlite::Error) -> bool {
+    matches!(sqlite_code(e), Some(ErrorCode::DatabaseCorrupt | ErrorCode::NotADatabase))
+}
+
+fn storage(what: &str, path: &Path, e: impl std::fmt::Display) -> Error {
+    Error::Storage(format!("{what} {}: {e}", path.display()))
+}
+
+impl Store {
+    pub fn open(path: &Path, max_disk_bytes: u64, wall_ms: i64) -> Result<Opened> {
+        let lock = acquire_lock(path)?;
+        create_private(path)?;
+        let budget = DiskBudget::new(max_disk_bytes);
+        match Store::connect(path, budget) {
+            Ok(Ok((conn, rows, page_size))) => Ok(Opened { store: Store::new(conn, path, budget, rows, page_size, lock), recovered: None }),
+            Ok(Err(unusable)) => Store::recover(path, budget, lock, unusable.to_string(), wall_ms),
+            Err(e) if is_corruption(&e) => Store::recover(path, budget, lock, e.to_string(), wall_ms),
+            Err(e) => Err(storage("cannot open store", path, e)),
+        }
+    }
+
+    fn new(conn: Connection, path: &Path, budget: DiskBudget, rows: u64, page_size: u64, lock: File) -> Store {
+        Store {
+            conn: Mutex::new(conn),
+            path: path.to_path_buf(),
+            budget,
+            page_size,
+            rows: AtomicU64::new(rows),
+            leased: Mutex::new(Vec::new()),
+            _lock: lock,
+        }
+    }
+
+    /// Never deletes what it cannot read: the file (with its WAL and SHM) is renamed with a
+    /// timestamp for diagnosis and a fresh store takes its place.
+    fn recover(path: &Path, budget: DiskBudget, lock: File, reason: String, wall_ms: i64) -> Result<Opened> {
+        let aside = PathBuf::from(format!("{}.unusable-{wall_ms}", path.display()));
+        for suffix in ["", "-wal", "-shm"] {
+            let from = PathBuf::from(format!("{}{suffix}", path.display()));
+            if from.exists() {
+                let to = PathBuf::from(format!("{}{suffix}", aside.display()));
+                std::fs::rename(&from, &to).map_err(|e| storage("cannot move aside", &from, e))?;
+            }
+        }
+        tracing::warn!(path = %path.display(), moved_to = %aside.display(), %reason, "store unusable, moved aside");
+        create_private(path)?;
+        match Store::connect(path, budget) {
+            Ok(Ok((conn, rows, page_size))) => Ok(Opened {
+                store: Store::new(conn, path, budget, rows, page_size, lock),
+                recovered: Some((aside, reason)),
+            }),
+            Ok(Err(unusable)) => Err(storage("fresh store unusable", path, unusable)),
+            Err(e) => Err(storage("cannot create store", path, e)),
+        }
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn connect(path: &Path, budget: DiskBudget) -> rusqlite::Result<Result<(Connection, u64, u64), schema::Unusable>> {
+        let mut conn = Connection::open(path)?;
+        let page_size: u64 = conn.pragma_query_value(None, "page_size", |r| r.get::<_, i64>(0))? as u64;
+        let checkpoint_pages = (budget.wal_bytes / 2 / page_size.max(512)).max(8);
+        schema::configure(&conn, budget.wal_bytes / 2, checkpoint_pages)?;
+        if let Err(unusable) = schema::migrate(&mut conn)? {
+            return Ok(Err(unusable));
+        }
+        let rows: i64 = conn.query_row("SELECT count(*) FROM events", [], |r| r.get(0))?;
+        conn.query_row("SELECT count(*) FROM quarantine", [], |r| r.get::<_, i64>(0))?;
+        Ok(Ok((conn, rows as u64, page_size)))
+    }
+
+    fn conn(&self) -> std::sync::MutexGuard<'_, Connection> {
+        self.conn.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn leased(&self) -> std::sync::MutexGuard<'_, Vec<u64>> {
+        self.leased.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Queued events on disk.
+    pub fn len(&self) -> u64 {
+        self.rows.load(Ordering::Relaxed)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The next free seq, so `track()` order continues across restarts.
+    pub fn next_seq(&self) -> Result<u64> {
+        let max: Option<i64> = self.conn().query_row("SELECT max(seq) FROM events", [], |r| r.get(0))?;
+        Ok(max.map(|m| m as u64 + 1).unwrap_or(1))
+    }
+
+    /// Bytes the store occupies on disk now: the database file plus its WAL.
+    pub fn disk_usage(&self) -> u64 {
+        disk_usage(&self.path)
+    }
+
+    /// Writes events in transactions of bounded size, evicting the oldest to stay under the cap.
+    pub fn insert(&self, events: &[QueuedEvent]) -> Result<Inserted> {
+        let mut report = Inserted::default();
+        let mut conn = self.conn();
+        let leased = self.leased().clone();
+        let mut start = 0;
+        while start < events.len() {
+            let mut end = start;
+            let mut bytes = 0;
+            while end < events.len() && (end == start || bytes + events[end].bytes() <= self.budget.txn_bytes) {
+                bytes += events[end].bytes();
+                end += 1;
+            }
+            let tx = conn.transaction()?;
+            {
+                let mut stmt = tx.prepare_cached("INSERT OR IGNORE INTO events (seq, ts, event_id, body) VALUES (?1, ?2, ?3, ?4)")?;
+                let mut id_buf = Uuid::encode_buffer();
+                for e in &events[start..end] {
+                    let id = e.id.0.hyphenated().encode_lower(&mut id_buf);
+                    report.inserted += stmt.execute(params![e.seq as i64, e.ts_ms, &*id, &*e.json])? as u64;
+                }
+            }
+            let (evicted, evicted_quarantine) = self.enforce_cap(&tx, &leased)?;
+            tx.commit()?;
+            report.evicted += evicted;
+            report.evicted_quarantine += evicted_quarantine;
+            self.checkpoint_if_needed(&conn)?;
+            start = end;
+        }
+        self.rows.fetch_add(report.inserted, Ordering::Relaxed);
+        self.rows.fetch_sub(report.evicted.min(self.len()), Ordering::Relaxed);
+        Ok(report)
+    }
+
+    /// Inside a write transaction: evict the oldest rows until the database fits its share of
+    /// the cap. `page_count` is the file's size after commit (free pages included), so the
+    /// freed pages are handed back with an incremental vacuum before measuring again.
+    fn enforce_cap(&self, tx: &Transaction<'_>, leased: &[u64]) -> Result<(u64, u64)> {
+        let (mut evicted, mut evicted_quarantine) = (0u64, 0u64);
+        for _ in 0..10_000 {
+            let pages: u64 = tx.pragma_query_value(None, "page_count", |r| r.get::<_, i64>(0))? as u64;
+            if pages * self.page_size <= self.budget.db_bytes {
+                break;
+            }
+            let free: u64 = tx.pragma_query_value(None, "freelist_count", |r| r.get::<_, i64>(0))? as u64;
+            if free > 0 {
+                let mut stmt = tx.prepare("PRAGMA incremental_vacuum")?;
+                let mut rows = stmt.query([])?;
+                while rows.next()?.is_some() {}
+                continue;
+            }
+            let excess = pages * self.page_size - self.budget.db_bytes;
+            let want = (excess / 256).clamp(8, 4096);
+            let n = evict_oldest(tx, want, leased)?;
+            if n > 0 {
+                evicted += n;
+                continue;
+            }
+            let q = QuarantineSql::evict_oldest(tx, want)?;
+            if q == 0 {
+                break;
+            }
+            evicted_quarantine += q;
+        }
+        if evicted > 0 {
+            bump(tx, counter::DISK_CAP, evicted)?;
+        }
+        if evicted_quarantine > 0 {
+            bump(tx, counter::QUARANTINE_CAP, evicted_quarantine)?;
+        }
+        Ok((evicted, evicted_quarantine))
+    }
+
+    /// Keeps the WAL inside its share of the cap: a checkpoint that truncates it once it passes
+    /// half its share (the other half is the room the next transaction may need).
+    fn checkpoint_if_needed(&self, conn: &Connection) -> Result<()> {
+        let wal = std::fs::metadata(wal_path(&self.path)).map(|m| m.len()).unwrap_or(0);
+        if wal > self.budget.wal_bytes / 2 || self.disk_usage() > self.budget.cap {
+            conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
+        }
+        Ok(())
+    }
+
+    /// The oldest queued events in delivery order (never the leased ones), for the next batch.
+    pub fn oldest(&self, limit: usize) -> Result<Vec<QueuedEvent>> {
+        let leased = self.leased().clone();
+        let conn = self.conn();
+        let mut stmt = conn.prepare_cached("SELECT seq, ts, event_id, body FROM events ORDER BY ts, seq LIMIT ?1")?;
+        let rows = stmt.query_map([(limit + leased.len()) as i64], |r| {
+            Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?, r.get::<_, String>(2)?, r.get::<_, String>(3)?))
+        })?;
+        let mut out = Vec::with_capacity(limit);
+        for row in rows {
+            let (seq, ts, id, body) = row?;
+            if leased.contains(&(seq as u64)) {
+                continue;
+            }
+            let Ok(id) = Uuid::try_parse(&id) else { continue };
+            out.push(QueuedEvent { ts_ms: ts, seq: seq as u64, id: EventId(id), json: body.into_boxed_str() });
+            if out.len() == limit {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Marks events as part of the batch in flight.
+    pub fn lease(&self, seqs: &[u64]) {
+        self.leased().extend_from_slice(seqs);
+    }
+
+    pub fn release(&self, seqs: &[u64]) {
+        self.leased().retain(|s| !seqs.contains(s));
+    }
+
+    pub fn release_all(&self) {
+        self.leased().clear();
+    }
+
+    /// Deletes acknowledged (or quarantined) events; returns how many rows went.
+    pub fn delete(&self, seqs: &[u64]) -> Result<u64> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        let mut n = 0;
+        {
+            let mut stmt = tx.prepare_cached("DELETE FROM events WHERE seq = ?1")?;
+            for seq in seqs {
+                n += stmt.execute([*seq as i64])? as u64;
+            }
+        }
+        tx.commit()?;
+        drop(conn);
+        self.release(seqs);
+        self.rows.fetch_sub(n.min(self.len()), Ordering::Relaxed);
+        Ok(n)
+    }
+
+    /// Deletes queued events older than `cutoff_ms` (never leased ones); returns how many.
+    pub fn expire(&self, cutoff_ms: i64) -> Result<u64> {
+        let leased = self.leased().clone();
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        let seqs: Vec<i64> = {
+            let mut stmt = tx.prepare_cached("SELECT seq FROM events WHERE ts < ?1 ORDER BY ts, seq LIMIT 10000")?;
+            stmt.query_map([cutoff_ms], |r| r.get(0))?.collect::<rusqlite::Result<_>>()?
+        };
+        let mut n = 0;
+        {
+            let mut stmt = tx.prepare_cached("DELETE FROM events WHERE seq = ?1")?;
+            for seq in seqs.into_iter().filter(|s| !leased.contains(&(*s as u64))) {
+                n += stmt.execute([seq])? as u64;
+            }
+        }
+        if n > 0 {
+            bump(&tx, counter::EXPIRED, n)?;
+        }
+        tx.commit()?;
+        self.rows.fetch_sub(n.min(self.len()), Ordering::Relaxed);
+        Ok(n)
+    }
+
+    /// Deletes every queued event that is not in flight (opt-out); returns how many.
+    pub fn purge_queue(&self) -> Result<u64> {
+        let leased = self.leased().clone();
+        let conn = self.conn();
+        let n = if leased.is_empty() {
+            conn.execute("DELETE FROM events", [])?
+        } else {
+            let list = leased.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(",");
+            conn.execute(&format!("DELETE FROM events WHERE seq NOT IN ({list})"), [])?
+        } as u64;
+        drop(conn);
+        self.rows.fetch_sub(n.min(self.len()), Ordering::Relaxed);
+        Ok(n)
+    }
+
+    /// The persisted counters (`dropped.*`), by name.
+    pub fn counters(&self) -> Result<Vec<(String, u64)>> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare_cached("SELECT name, value FROM counters ORDER BY name")?;
+        let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)? as u64)))?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    /// Runs `f` with the quarantine tables, in one transaction.
+    pub fn with_quarantine<T>(&self, f: impl FnOnce(&QuarantineSql<'_>) -> Result<T>) -> Result<T> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        let out = f(&QuarantineSql::new(&tx))?;
+        tx.commit()?;
+        Ok(out)
+    }
+
+    /// Moves selected quarantined events back into the queue with new seqs and the same ids.
+    pub fn redrive(&self, selector: &crate::quarantine::Selector, mut next_seq: impl FnMut() -> u64) -> Result<u64> {
+        let n = self.with_quarantine(|q| {
+            let taken = q.take(selector)?;
+            let mut stmt = q.tx().prepare_cached("INSERT OR IGNORE INTO events (seq, ts, event_id, body) VALUES (?1, ?2, ?3, ?4)")?;
+            let mut n = 0;
+            for e in &taken {
+                n += stmt.execute(params![next_seq() as i64, e.ts_ms, e.event_id, e.body])? as u64;
+            }
+            Ok(n)
+        })?;
+        self.rows.fetch_add(n, Ordering::Relaxed);
+        Ok(n)
+    }
+}
+
+fn evict_oldest(tx: &Transaction<'_>, want: u64, leased: &[u64]) -> Result<u64> {
+    let seqs: Vec<i64> = {
+        let mut stmt = tx.prepare_cached("SELECT seq FROM events ORDER BY ts, seq LIMIT ?1")?;
+        stmt.query_map([(want as usize + leased.len()) as i64], |r| r.get(0))?.collect::<rusqlite::Result<_>>()?
+    };
+    let mut stmt = tx.prepare_cached("DELETE FROM events WHERE seq = ?1")?;
+    let mut n = 0;
+    for seq in seqs.into_iter().filter(|s| !leased.contains(&(*s as u64))).take(want as usize) {
+        n += stmt.execute([seq])? as u64;
+    }
+    Ok(n)
+}
+
+pub(crate) fn bump(tx: &Transaction<'_>, name: &str, by: u64) -> Result<()> {
+    tx.execute(
+        "INSERT INTO counters (name, value) VALUES (?1, ?2) ON CONFLICT(name) DO UPDATE SET value = value + ?2",
+        params![name, by as i64],
+    )?;
+    Ok(())
+}
+
+fn wal_path(path: &Path) -> PathBuf {
+    PathBuf::from(format!("{}-wal", path.display()))
+}
+
+/// Database file plus WAL, as the file system reports them.
+pub fn disk_usage(path: &Path) -> u64 {
+    let size = |p: &Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
+    size(path) + size(&wal_path(path))
+}
+
+/// Creates the database file readable by its owner only, before SQLite opens it (SQLite gives
+/// the WAL and SHM the same mode as the database).
+fn create_private(path: &Path) -> Result<()> {
+    let mut options = OpenOptions::new();
+    options.create(true).append(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    options.open(path).map(|_| ()).map_err(|e| storage("cannot create", path, e))
+}
+
+/// One owner per store: an advisory lock on `<db>.lock`, released when the handle closes (or
+/// the process dies, so a crash never leaves a stale lock behind).
+fn acquire_lock(path: &Path) -> Result<File> {
+    let lock_path = PathBuf::from(format!("{}.lock", path.display()));
+    let mut options = OpenOptions::new();
+    options.create(true).truncate(false).write(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let file = options.open(&lock_path).map_err(|e| storage("cannot create lock", &lock_path, e))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => Err(Error::Storage(format!(
+            "store {} is already open in another handle or process; one owner at a time",
+            path.display()
+        ))),
+        Err(std::fs::TryLockError::Error(e)) => Err(storage("cannot lock", &lock_path, e)),
+    }
+}

@@ -1,0 +1,151 @@
+//! The quarantine's SQL, run inside a transaction the [`super::Store`] opens.
+
+use std::collections::BTreeMap;
+
+use rusqlite::{Row, Transaction, params, params_from_iter};
+
+use super::{bump, counter};
+use crate::error::Result;
+use crate::quarantine::{Evicted, ListFilter, QuarantinedEvent, Selector};
+
+pub struct QuarantineSql<'a> {
+    tx: &'a Transaction<'a>,
+}
+
+const COLUMNS: &str = "event_id, ts, body, reason, detail, status, attempts, first_failed_ms, last_failed_ms";
+
+fn row_to_event(r: &Row<'_>) -> rusqlite::Result<QuarantinedEvent> {
+    Ok(QuarantinedEvent {
+        event_id: r.get(0)?,
+        ts_ms: r.get(1)?,
+        body: r.get(2)?,
+        reason: r.get(3)?,
+        detail: r.get(4)?,
+        status: r.get::<_, Option<i64>>(5)?.map(|s| s as u16),
+        attempts: r.get::<_, i64>(6)? as u32,
+        first_failed_ms: r.get(7)?,
+        last_failed_ms: r.get(8)?,
+    })
+}
+
+/// The WHERE clause and its parameters for a selector.
+fn where_clause(selector: &Selector) -> (String, Vec<String>) {
+    match selector {
+        Selector::All => (String::new(), Vec::new()),
+        Selector::Reason(reason) => (" WHERE reason = ?".into(), vec![reason.clone()]),
+        Selector::Ids(ids) if ids.is_empty() => (" WHERE 0".into(), Vec::new()),
+        Selector::Ids(ids) => {
+            let marks = vec!["?"; ids.len()].join(",");
+            (format!(" WHERE event_id IN ({marks})"), ids.clone())
+        }
+    }
+}
+
+impl<'a> QuarantineSql<'a> {
+    pub fn new(tx: &'a Transaction<'a>) -> Self {
+        QuarantineSql { tx }
+    }
+
+    pub fn tx(&self) -> &Transaction<'a> {
+        self.tx
+    }
+
+    /// Adds (or refreshes) entries, then applies the cap and the retention.
+    pub fn add(&self, events: &[QuarantinedEvent], max_events: u64, retention_cutoff_ms: i64) -> Result<Evicted> {
+        let next: i64 = self.tx.query_row("SELECT coalesce(max(quarantined_seq), 0) + 1 FROM quarantine", [], |r| r.get(0))?;
+        {
+            let mut stmt = self.tx.prepare_cached(
+                "INSERT INTO quarantine (event_id, ts, body, reason, detail, status, attempts, first_failed_ms,
+                     last_failed_ms, quarantined_seq)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
+                 ON CONFLICT(event_id) DO UPDATE SET reason = excluded.reason, detail = excluded.detail,
+                     status = excluded.status, attempts = attempts + excluded.attempts,
+                     last_failed_ms = excluded.last_failed_ms, quarantined_seq = excluded.quarantined_seq",
+            )?;
+            for (i, e) in events.iter().enumerate() {
+                stmt.execute(params![
+                    e.event_id,
+                    e.ts_ms,
+                    e.body,
+                    e.reason,
+                    e.detail,
+                    e.status.map(i64::from),
+                    e.attempts as i64,
+                    e.first_failed_ms,
+                    e.last_failed_ms,
+                    next + i as i64
+                ])?;
+            }
+        }
+        self.enforce(max_events, retention_cutoff_ms)
+    }
+
+    /// Applies `quarantine_retention_ms` and `quarantine_max_events`, oldest out first.
+    pub fn enforce(&self, max_events: u64, retention_cutoff_ms: i64) -> Result<Evicted> {
+        let expired = self.tx.execute("DELETE FROM quarantine WHERE last_failed_ms < ?1", [retention_cutoff_ms])? as u64;
+        let count: i64 = self.tx.query_row("SELECT count(*) FROM quarantine", [], |r| r.get(0))?;
+        let over = (count as u64).saturating_sub(max_events);
+        let cap = if over > 0 { Self::evict_oldest(self.tx, over)? } else { 0 };
+        if expired > 0 {
+            bump(self.tx, counter::QUARANTINE_EXPIRED, expired)?;
+        }
+        if cap > 0 {
+            bump(self.tx, counter::QUARANTINE_CAP, cap)?;
+        }
+        Ok(Evicted { cap, expired })
+    }
+
+    /// Removes the `n` oldest entries; the caller counts them.
+    pub fn evict_oldest(tx: &Transaction<'_>, n: u64) -> Result<u64> {
+        Ok(tx.execute(
+            "DELETE FROM quarantine WHERE event_id IN
+                 (SELECT event_id FROM quarantine ORDER BY quarantined_seq LIMIT ?1)",
+            [n as i64],
+        )? as u64)
+    }
+
+    pub fn list(&self, filter: &ListFilter) -> Result<Vec<QuarantinedEvent>> {
+        let limit = if filter.limit == 0 { -1 } else { filter.limit as i64 };
+        let (clause, args) = match &filter.reason {
+            Some(reason) => (" WHERE reason = ?1", vec![reason.clone()]),
+            None => ("", vec![]),
+        };
+        let sql = format!(
+            "SELECT {COLUMNS} FROM quarantine{clause} ORDER BY quarantined_seq LIMIT {limit} OFFSET {}",
+            filter.offset
+        );
+        let mut stmt = self.tx.prepare(&sql)?;
+        let rows = stmt.query_map(params_from_iter(args), row_to_event)?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    pub fn get(&self, event_id: &str) -> Result<Option<QuarantinedEvent>> {
+        let mut stmt = self.tx.prepare_cached(&format!("SELECT {COLUMNS} FROM quarantine WHERE event_id = ?1"))?;
+        let mut rows = stmt.query_map([event_id], row_to_event)?;
+        Ok(rows.next().transpose()?)
+    }
+
+    /// Removes and returns the selected entries, oldest first.
+    pub fn take(&self, selector: &Selector) -> Result<Vec<QuarantinedEvent>> {
+        let (clause, args) = where_clause(selector);
+        let taken: Vec<QuarantinedEvent> = {
+            let mut stmt =
+                self.tx.prepare(&format!("SELECT {COLUMNS} FROM quarantine{clause} ORDER BY quarantined_seq"))?;
+            let rows = stmt.query_map(params_from_iter(args.iter()), row_to_event)?;
+            rows.collect::<rusqlite::Result<_>>()?
+        };
+        self.tx.execute(&format!("DELETE FROM quarantine{clause}"), params_from_iter(args.iter()))?;
+        Ok(taken)
+    }
+
+    pub fn purge(&self, selector: &Selector) -> Result<u64> {
+        let (clause, args) = where_clause(selector);
+        Ok(self.tx.execute(&format!("DELETE FROM quarantine{clause}"), params_from_iter(args.iter()))? as u64)
+    }
+
+    pub fn counts(&self) -> Result<BTreeMap<String, u64>> {
+        let mut stmt = self.tx.prepare_cached("SELECT reason, count(*) FROM quarantine GROUP BY reason")?;
+        let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)? as u64)))?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+}

@@ -6,6 +6,12 @@ use std::collections::BTreeMap;
 
 use crate::event::QueuedEvent;
 
+/// The spill queue holds at most `max(memory_capacity, SPILL_BACKLOG_MIN)` events. A burst faster
+/// than SQLite can commit (hundreds of thousands of events a second) is absorbed up to there;
+/// past it the oldest are dropped and counted (`memory_overflow`) rather than making `track()`
+/// wait on the disk. Bulk importers that must not drop use `durability = always`.
+pub const SPILL_BACKLOG_MIN: usize = 10_000;
+
 #[derive(Default)]
 pub struct MemoryBuffer {
     /// Waiting to be sent, in delivery order.
@@ -28,7 +34,7 @@ pub struct Overflow {
 
 impl MemoryBuffer {
     /// Adds an event and enforces `capacity`: with a store the oldest move to the spill queue
-    /// (itself bounded by `capacity`, beyond which the oldest are dropped); without one they drop.
+    /// (itself bounded, see [`SPILL_BACKLOG_MIN`]); without one they drop.
     pub fn push(&mut self, event: QueuedEvent, capacity: usize, spill_enabled: bool) -> Overflow {
         self.queued.insert(event.key(), event);
         let mut overflow = Overflow::default();
@@ -41,8 +47,9 @@ impl MemoryBuffer {
                 overflow.dropped += 1;
             }
         }
-        if self.spill.len() > capacity {
-            let excess = self.spill.len() - capacity;
+        let ceiling = capacity.max(SPILL_BACKLOG_MIN);
+        if self.spill.len() > ceiling {
+            let excess = self.spill.len() - ceiling;
             self.spill.drain(..excess);
             overflow.dropped += excess as u64;
         }

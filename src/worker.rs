@@ -62,6 +62,9 @@ struct Worker {
     /// The next failure answers a manual `retry_now()` from `WaitingForUser`.
     manual_attempt: bool,
     last_send_ms: Option<u64>,
+    /// A pause outlives going offline and back: only `resume()` or new credentials end it, so a
+    /// reconnect does not spend a request on an endpoint already known to refuse.
+    pause: Option<(PauseReason, Failure)>,
 }
 
 pub async fn run(shared: Arc<Shared>) {
@@ -73,6 +76,7 @@ pub async fn run(shared: Arc<Shared>) {
         suppress_flush_at: false,
         manual_attempt: false,
         last_send_ms: None,
+        pause: None,
         s: shared,
     };
     worker.recover_leases();
@@ -176,15 +180,21 @@ impl Worker {
     /// Turns the app's requests into mode changes (DESIGN §5's arrows).
     fn apply(&mut self, c: &Control) {
         let now = self.s.clock.now_ms();
+        if let Some((reason, _)) = &self.pause
+            && (c.resume || (c.api_key_changed && *reason == PauseReason::Auth))
+        {
+            self.pause = None;
+            if matches!(self.mode, Mode::Paused { .. }) {
+                self.start_drain(now);
+            }
+        }
         if c.enabled_changed {
             self.release_work();
             self.episode = None;
-            self.mode = if !c.enabled {
-                Mode::Disabled
-            } else if c.online {
-                Mode::Idle
+            self.mode = if c.enabled {
+                self.resting_mode()
             } else {
-                Mode::Offline
+                Mode::Disabled
             };
         }
         if matches!(self.mode, Mode::Disabled) {
@@ -195,10 +205,10 @@ impl Worker {
             // A reconnect starts a fresh failure episode: the old budget was spent on a dead link.
             self.episode = None;
             self.manual_attempt = false;
-            if c.online {
+            if c.online && self.pause.is_none() {
                 self.start_drain(now);
             } else {
-                self.mode = Mode::Offline;
+                self.mode = self.resting_mode();
             }
         }
         if !c.online {
@@ -206,11 +216,6 @@ impl Worker {
             return;
         }
         match &self.mode {
-            Mode::Paused { reason, .. }
-                if c.resume || (c.api_key_changed && *reason == PauseReason::Auth) =>
-            {
-                self.start_drain(now)
-            }
             Mode::RetryWait { .. } | Mode::WaitingForUser { .. } if c.dismiss => {
                 self.release_work();
                 self.episode = None;
@@ -226,6 +231,20 @@ impl Worker {
             }
             Mode::Idle if c.retry_now || c.flush => self.start_drain(now),
             _ => {}
+        }
+    }
+
+    /// Where the worker rests when nothing is being sent: offline, paused, or idle.
+    fn resting_mode(&self) -> Mode {
+        if !lock(&self.s.control).online {
+            Mode::Offline
+        } else if let Some((reason, failure)) = &self.pause {
+            Mode::Paused {
+                reason: *reason,
+                failure: failure.clone(),
+            }
+        } else {
+            Mode::Idle
         }
     }
 
@@ -565,6 +584,7 @@ impl Worker {
         tracing::warn!(error = %failure, reason = reason.as_str(), "delivery paused");
         self.work.push_front(batch);
         self.release_work();
+        self.pause = Some((reason, failure.clone()));
         self.mode = Mode::Paused { reason, failure };
     }
 

@@ -391,3 +391,39 @@ fn a_panicking_observer_does_not_stop_delivery() {
     assert_eq!(collector.distinct_count(), 30);
     assert!(spool.stats().panics > 0);
 }
+
+#[test]
+fn a_pause_survives_a_reconnect() {
+    let collector = collector();
+    collector.push_statuses(&[403]);
+    let spool = EventSpool::builder(config(&collector))
+        .clock(instant_clock())
+        .open()
+        .unwrap();
+    spool.track("x", json!({})).unwrap();
+    spool.flush();
+    wait_state(&spool, "paused", |s| {
+        matches!(
+            s,
+            DeliveryState::Paused {
+                reason: PauseReason::Auth,
+                ..
+            }
+        )
+    });
+    spool.set_online(false);
+    wait_state(&spool, "offline", |s| *s == DeliveryState::Offline);
+    spool.set_online(true);
+    wait_state(&spool, "paused again", |s| {
+        matches!(s, DeliveryState::Paused { .. })
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(
+        collector.request_count(),
+        1,
+        "a reconnect does not retry a refused key"
+    );
+    spool.resume();
+    assert!(spool.wait_drained(WAIT));
+    assert_eq!(collector.distinct_count(), 1);
+}

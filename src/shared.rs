@@ -271,4 +271,29 @@ impl Shared {
             .drop(DropReason::QuarantineExpired, evicted.expired);
         Ok(())
     }
+
+    /// Moves everything in memory to the store (see [`crate::EventSpool::persist`]).
+    pub fn persist(&self) -> Result<u64> {
+        let s = self;
+        let Some(store) = &s.store else { return Ok(0) };
+        let _guard = lock(&s.spill_lock);
+        let (moved, copies) = lock(&s.buffer).take_for_persist();
+        let mut all = moved.clone();
+        all.extend(copies.iter().cloned());
+        match store.insert(&all) {
+            Ok(report) => {
+                s.counters.drop(DropReason::DiskCap, report.evicted);
+                s.counters
+                    .drop(DropReason::QuarantineCap, report.evicted_quarantine);
+                Ok(report.inserted)
+            }
+            Err(e) => {
+                let mut buffer = lock(&s.buffer);
+                buffer.return_spill(moved);
+                buffer.unmark_persisted(&copies.iter().map(|e| e.seq).collect::<Vec<_>>());
+                s.counters.store_errors.fetch_add(1, Ordering::Relaxed);
+                Err(e)
+            }
+        }
+    }
 }

@@ -435,65 +435,14 @@ impl EventSpool {
     /// Moves everything in memory to the store now: call it when the app goes to the background.
     /// Returns how many events were written. Without a store it does nothing.
     pub fn persist(&self) -> Result<u64> {
-        let s = self.shared();
-        let Some(store) = &s.store else { return Ok(0) };
-        let _guard = lock(&s.spill_lock);
-        let (moved, copies) = lock(&s.buffer).take_for_persist();
-        let mut all = moved.clone();
-        all.extend(copies.iter().cloned());
-        match store.insert(&all) {
-            Ok(report) => {
-                s.counters.drop(DropReason::DiskCap, report.evicted);
-                s.counters
-                    .drop(DropReason::QuarantineCap, report.evicted_quarantine);
-                Ok(report.inserted)
-            }
-            Err(e) => {
-                let mut buffer = lock(&s.buffer);
-                buffer.return_spill(moved);
-                buffer.unmark_persisted(&copies.iter().map(|e| e.seq).collect::<Vec<_>>());
-                s.counters.store_errors.fetch_add(1, Ordering::Relaxed);
-                Err(e)
-            }
-        }
+        self.shared().persist()
     }
 
     /// Stops the worker (waiting at most `timeout` for an attempt in flight), writes what is in
     /// memory to the store when there is one, and releases the store. Safe to call twice, and
     /// from an observer (then it does not wait for the worker it is running on).
     pub fn shutdown(&self, timeout: Duration) -> Result<()> {
-        let h = &self.handle;
-        if h.closed.swap(true, Ordering::SeqCst) {
-            return Ok(());
-        }
-        let s = &h.shared;
-        s.control(|c| c.shutdown = true);
-        s.shutdown.send_replace(true);
-        let on_worker_thread = {
-            let rt = lock(&h.runtime);
-            match (tokio::runtime::Handle::try_current(), rt.as_ref()) {
-                (Ok(current), Some(rt)) => current.id() == rt.handle().id(),
-                _ => false,
-            }
-        };
-        if !on_worker_thread && let Some(done) = lock(&h.worker_done).take() {
-            let _ = done.recv_timeout(timeout);
-        }
-        let result = self.persist().map(|_| ());
-        {
-            let mut spill = lock(&s.spill);
-            spill.stop = true;
-        }
-        s.spill_cv.notify_all();
-        if let Some(thread) = lock(&h.spiller).take()
-            && !on_worker_thread
-        {
-            let _ = thread.join();
-        }
-        if let Some(rt) = lock(&h.runtime).take() {
-            rt.shutdown_background();
-        }
-        result
+        self.handle.shutdown(timeout)
     }
 
     /// Quarantined events, oldest first.
@@ -557,21 +506,46 @@ impl EventSpool {
     }
 }
 
+impl Handle {
+    pub fn shutdown(&self, timeout: Duration) -> Result<()> {
+        let h = self;
+        if h.closed.swap(true, Ordering::SeqCst) {
+            return Ok(());
+        }
+        let s = &h.shared;
+        s.control(|c| c.shutdown = true);
+        s.shutdown.send_replace(true);
+        let on_worker_thread = {
+            let rt = lock(&h.runtime);
+            match (tokio::runtime::Handle::try_current(), rt.as_ref()) {
+                (Ok(current), Some(rt)) => current.id() == rt.handle().id(),
+                _ => false,
+            }
+        };
+        if !on_worker_thread && let Some(done) = lock(&h.worker_done).take() {
+            let _ = done.recv_timeout(timeout);
+        }
+        let result = s.persist().map(|_| ());
+        {
+            let mut spill = lock(&s.spill);
+            spill.stop = true;
+        }
+        s.spill_cv.notify_all();
+        if let Some(thread) = lock(&h.spiller).take()
+            && !on_worker_thread
+        {
+            let _ = thread.join();
+        }
+        if let Some(rt) = lock(&h.runtime).take() {
+            rt.shutdown_background();
+        }
+        result
+    }
+}
+
 impl Drop for Handle {
     fn drop(&mut self) {
-        if !self.closed.load(Ordering::SeqCst) {
-            let spool = EventSpool {
-                handle: Arc::new(Handle {
-                    shared: self.shared.clone(),
-                    runtime: Mutex::new(lock(&self.runtime).take()),
-                    worker_done: Mutex::new(lock(&self.worker_done).take()),
-                    spiller: Mutex::new(lock(&self.spiller).take()),
-                    closed: AtomicBool::new(false),
-                }),
-            };
-            let _ = spool.shutdown(Duration::from_secs(2));
-            spool.handle.closed.store(true, Ordering::SeqCst);
-        }
+        let _ = self.shutdown(Duration::from_secs(2));
     }
 }
 

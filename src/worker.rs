@@ -311,14 +311,23 @@ impl Worker {
         let limit = s.config.max_batch_events as usize;
         let from_store = match &s.store {
             Some(store) => {
-                match store.expire(cutoff) {
-                    Ok(n) => s.counters.drop(DropReason::Expired, n),
-                    Err(e) => tracing::warn!(error = %e, "expiring stored events failed"),
+                let read = || {
+                    store.oldest(limit).unwrap_or_else(|e| {
+                        tracing::warn!(error = %e, "reading the store failed; sending from memory");
+                        Vec::new()
+                    })
+                };
+                let mut oldest = read();
+                // The rows come in timestamp order, so only a stale first row means work for
+                // the expiry pass (which costs a write transaction).
+                if oldest.first().is_some_and(|e| e.ts_ms < cutoff) {
+                    match store.expire(cutoff) {
+                        Ok(n) => s.counters.drop(DropReason::Expired, n),
+                        Err(e) => tracing::warn!(error = %e, "expiring stored events failed"),
+                    }
+                    oldest = read();
                 }
-                store.oldest(limit).unwrap_or_else(|e| {
-                    tracing::warn!(error = %e, "reading the store failed; sending from memory");
-                    Vec::new()
-                })
+                oldest
             }
             None => Vec::new(),
         };

@@ -358,3 +358,29 @@ fn bad_input_is_refused_with_named_reasons() {
     assert!(e.contains("max_batch_events"), "{e}");
     assert_eq!(spool.stats().tracked, 0);
 }
+
+#[test]
+fn events_older_than_max_event_age_are_counted_and_never_sent() {
+    let collector = collector();
+    let dir = tempfile::tempdir().unwrap();
+    let (clock, dyn_clock) = manual_clock();
+    let mut cfg = config(&collector);
+    cfg.db_path = Some(dir.path().join("age.db"));
+    cfg.memory_capacity = 10;
+    cfg.max_event_age_ms = 3_600_000;
+    let spool = EventSpool::builder(cfg).clock(dyn_clock).start_offline().open().unwrap();
+    for i in 0..30 {
+        spool.track("old", json!({"i": i})).unwrap();
+    }
+    clock.advance(Duration::from_secs(2 * 3600));
+    for i in 0..15 {
+        spool.track("fresh", json!({"i": i})).unwrap();
+    }
+    spool.set_online(true);
+    assert!(spool.wait_drained(WAIT), "{}", spool.state());
+    let stats = spool.stats();
+    assert_eq!(stats.dropped(DropReason::Expired), 30);
+    assert_eq!(stats.delivered, 15);
+    assert!(collector.events().iter().all(|e| e.name == "fresh"));
+    assert!(stats.balances());
+}

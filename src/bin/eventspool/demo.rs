@@ -272,7 +272,9 @@ fn story(args: &DemoArgs, pace: &Pace, screen: &mut Screen) -> CmdResult {
         s.store_bytes / 1024,
         spool.state().state.name()
     ));
-    pause(screen, pace.beat);
+    if pause(screen, pace.beat) {
+        return quit(screen, &spool);
+    }
 
     screen.say("2. The network is back, but the collector is down (connections refused).");
     collector
@@ -315,7 +317,8 @@ fn story(args: &DemoArgs, pace: &Pace, screen: &mut Screen) -> CmdResult {
     let status = spool.state();
     match &status.state {
         DeliveryState::WaitingForUser { attempts, last_error } => screen.say(&format!(
-            "   Automatic retries spent after {attempts} attempts ({last_error}): the app now waits for the user."
+            "   Automatic retries spent after {attempts} attempts ({}): the app now waits for the user.",
+            short(last_error)
         )),
         _ => screen.say(&format!("   Back: retrying stopped, {} events kept.", status.pending)),
     }
@@ -396,21 +399,20 @@ fn story(args: &DemoArgs, pace: &Pace, screen: &mut Screen) -> CmdResult {
         let done = s.delivered + s.quarantined;
         let width = 30;
         let filled = (done.min(total) * width / total) as usize;
-        screen.live(
-            &format!(
-                "Delivering ▕{}{}▏ {}/{} delivered, {} quarantined, {} pending   [q] quit",
-                "█".repeat(filled),
-                "░".repeat(width as usize - filled),
-                s.delivered,
-                total,
-                s.quarantined,
-                status.pending
-            ),
-            &format!("drain {}", done * 4 / total),
+        let text = format!(
+            "Delivering ▕{}{}▏ {}/{} delivered, {} quarantined, {} pending   [q] quit",
+            "█".repeat(filled),
+            "░".repeat(width as usize - filled),
+            s.delivered,
+            total,
+            s.quarantined,
+            status.pending
         );
         if status.pending == 0 && status.state == DeliveryState::Idle {
+            screen.say(&format!("   {}", text.trim_end_matches("   [q] quit")));
             break;
         }
+        screen.live(&text, &format!("drain {}", done * 4 / total));
         if !matches!(status.state, DeliveryState::Sending | DeliveryState::Idle)
             || Instant::now() > deadline
         {
@@ -433,7 +435,7 @@ fn story(args: &DemoArgs, pace: &Pace, screen: &mut Screen) -> CmdResult {
             q.detail
         ));
     }
-    pause(screen, pace.beat);
+    let _ = pause(screen, pace.beat);
 
     let s = spool.stats();
     let events = collector.events();
@@ -469,12 +471,28 @@ fn story(args: &DemoArgs, pace: &Pace, screen: &mut Screen) -> CmdResult {
     }
 }
 
-fn pause(screen: &mut Screen, beat: Duration) {
+/// A moment to read the screen; true if the user pressed q meanwhile.
+fn pause(screen: &mut Screen, beat: Duration) -> bool {
     let until = Instant::now() + beat;
     while Instant::now() < until {
         if screen.key(until.saturating_duration_since(Instant::now())) == Some(Key::Quit) {
-            return;
+            return true;
         }
+    }
+    false
+}
+
+/// The gist of a failure for a status line ("could not connect", "HTTP 503").
+fn short(failure: &eventspool::classify::Failure) -> String {
+    match failure.status {
+        Some(status) => format!("HTTP {status}"),
+        None => failure
+            .message
+            .split(':')
+            .next()
+            .unwrap_or_default()
+            .trim()
+            .to_string(),
     }
 }
 

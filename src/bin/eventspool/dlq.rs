@@ -1,6 +1,6 @@
 //! `dlq`: the operator's triage loop over the quarantine of a store no spool is running on.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::{Args, Subcommand};
 use eventspool::admin::StoreAdmin;
@@ -98,7 +98,7 @@ impl Selection {
     }
 }
 
-fn open(db: &PathBuf) -> Result<StoreAdmin, Failure> {
+fn open(db: &Path) -> Result<StoreAdmin, Failure> {
     if !db.exists() {
         return Err(Failure::error(format!("no store at {}", db.display())));
     }

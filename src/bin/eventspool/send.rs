@@ -108,7 +108,7 @@ pub fn send(args: SendArgs) -> CmdResult {
         spool.track_event(event)?;
         if has_store {
             // Hand memory over to the store in steps so a fast reader never outruns the spill.
-            if (i as u64 + 1) % (capacity / 2).max(1) == 0 {
+            if (i as u64 + 1).is_multiple_of((capacity / 2).max(1)) {
                 spool.persist()?;
             }
         } else if spool.stats().pending_memory >= capacity {

@@ -272,7 +272,7 @@ fn story(args: &DemoArgs, pace: &Pace, screen: &mut Screen) -> CmdResult {
         s.store_bytes / 1024,
         spool.state().state.name()
     ));
-    if pause(screen, pace.beat) {
+    if pause(screen, pace.beat) == Some(Key::Quit) {
         return quit(screen, &spool);
     }
 
@@ -322,7 +322,10 @@ fn story(args: &DemoArgs, pace: &Pace, screen: &mut Screen) -> CmdResult {
         )),
         _ => screen.say(&format!("   Back: retrying stopped, {} events kept.", status.pending)),
     }
-    pause(screen, pace.beat);
+    let mut carried = pause(screen, pace.beat);
+    if carried == Some(Key::Quit) {
+        return quit(screen, &spool);
+    }
 
     screen.say(
         "3. The collector is back up. Nothing is sent until the user asks (no battery spent).",
@@ -365,7 +368,7 @@ fn story(args: &DemoArgs, pace: &Pace, screen: &mut Screen) -> CmdResult {
             screen.say(&format!("   [script presses {label}]"));
             key
         } else {
-            screen.key(pace.tick)
+            carried.take().or_else(|| screen.key(pace.tick))
         };
         match key {
             Some(Key::Retry) => {
@@ -435,7 +438,7 @@ fn story(args: &DemoArgs, pace: &Pace, screen: &mut Screen) -> CmdResult {
             q.detail
         ));
     }
-    let _ = pause(screen, pace.beat);
+    pause(screen, pace.beat);
 
     let s = spool.stats();
     let events = collector.events();
@@ -471,15 +474,16 @@ fn story(args: &DemoArgs, pace: &Pace, screen: &mut Screen) -> CmdResult {
     }
 }
 
-/// A moment to read the screen; true if the user pressed q meanwhile.
-fn pause(screen: &mut Screen, beat: Duration) -> bool {
+/// A moment to read the screen; a key pressed meanwhile ends it and is handed back, so an
+/// early `r` is acted on rather than lost.
+fn pause(screen: &mut Screen, beat: Duration) -> Option<Key> {
     let until = Instant::now() + beat;
     while Instant::now() < until {
-        if screen.key(until.saturating_duration_since(Instant::now())) == Some(Key::Quit) {
-            return true;
+        if let Some(key) = screen.key(until.saturating_duration_since(Instant::now())) {
+            return Some(key);
         }
     }
-    false
+    None
 }
 
 /// The gist of a failure for a status line ("could not connect", "HTTP 503").

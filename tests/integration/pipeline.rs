@@ -368,11 +368,7 @@ fn events_older_than_max_event_age_are_counted_and_never_sent() {
     cfg.db_path = Some(dir.path().join("age.db"));
     cfg.memory_capacity = 10;
     cfg.max_event_age_ms = 3_600_000;
-    let spool = EventSpool::builder(cfg)
-        .clock(dyn_clock)
-        .start_offline()
-        .open()
-        .unwrap();
+    let spool = EventSpool::builder(cfg).clock(dyn_clock).start_offline().open().unwrap();
     for i in 0..30 {
         spool.track("old", json!({"i": i})).unwrap();
     }

@@ -13,6 +13,7 @@
 //! # Ok::<(), eventspool::Error>(())
 //! ```
 
+pub mod admin;
 mod buffer;
 pub mod classify;
 pub mod clock;

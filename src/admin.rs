@@ -1,0 +1,167 @@
+//! Operating on a store file without a running spool: what an operator's tool needs to look at
+//! a device's backlog and triage its quarantine.
+//!
+//! Two ways in. [`inspect`] only reads: it opens SQLite read-only, takes no owner lock and waits
+//! on a busy store for a bounded time, so it can report on a store another process is using
+//! without disturbing it. [`StoreAdmin`] changes things (redrive, purge), so it becomes the
+//! store's owner exactly as a spool would, and is refused while a spool holds the store.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use rusqlite::{Connection, OpenFlags, OptionalExtension};
+
+use crate::error::{Error, Result};
+use crate::quarantine::{ListFilter, QuarantinedEvent, Selector};
+use crate::store::Store;
+
+/// How long [`inspect`] waits for a writer to finish a transaction before giving up. A spool's
+/// transactions are bounded in size, so this is generous.
+const INSPECT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A store's contents at one moment, as an operator sees them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StoreStatus {
+    /// Queued events on disk (a closed store has nothing in memory).
+    pub pending: u64,
+    /// Database plus WAL, as the file system reports them.
+    pub bytes: u64,
+    /// Timestamps (ms since the epoch) of the oldest and newest queued events.
+    pub oldest_ms: Option<i64>,
+    pub newest_ms: Option<i64>,
+    /// Quarantined events by reason.
+    pub quarantine: BTreeMap<String, u64>,
+    /// Persisted drop counters, by reason (without the `dropped.` prefix).
+    pub dropped: BTreeMap<String, u64>,
+}
+
+/// Reads a store's status without becoming its owner; safe while a spool is using it.
+pub fn inspect(path: &Path) -> Result<StoreStatus> {
+    if !path.exists() {
+        return Err(Error::NotFound(format!("no store at {}", path.display())));
+    }
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(|e| Error::Storage(format!("cannot open {} read-only: {e}", path.display())))?;
+    conn.busy_timeout(INSPECT_BUSY_TIMEOUT)?;
+    let has_events: Option<String> = conn
+        .query_row(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'events'",
+            [],
+            |r| r.get(0),
+        )
+        .optional()?;
+    if has_events.is_none() {
+        return Err(Error::Storage(format!(
+            "{} is not an eventspool store",
+            path.display()
+        )));
+    }
+    // One read transaction, so the figures agree with each other.
+    conn.execute_batch("BEGIN")?;
+    let (pending, oldest_ms, newest_ms): (i64, Option<i64>, Option<i64>) =
+        conn.query_row("SELECT count(*), min(ts), max(ts) FROM events", [], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+        })?;
+    let quarantine = pairs(
+        &conn,
+        "SELECT reason, count(*) FROM quarantine GROUP BY reason",
+    )?;
+    let dropped = pairs(
+        &conn,
+        "SELECT name, value FROM counters WHERE name LIKE 'dropped.%'",
+    )?
+    .into_iter()
+    .map(|(k, v)| (k.trim_start_matches("dropped.").to_string(), v))
+    .collect();
+    conn.execute_batch("COMMIT")?;
+    Ok(StoreStatus {
+        pending: pending as u64,
+        bytes: crate::store::disk_usage(path),
+        oldest_ms,
+        newest_ms,
+        quarantine,
+        dropped,
+    })
+}
+
+fn pairs(conn: &Connection, sql: &str) -> Result<BTreeMap<String, u64>> {
+    let mut stmt = conn.prepare(sql)?;
+    let rows = stmt.query_map([], |r| {
+        Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)? as u64))
+    })?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+/// A store opened as its owner, for quarantine triage while no spool is running on it.
+pub struct StoreAdmin {
+    store: Store,
+    path: PathBuf,
+}
+
+impl StoreAdmin {
+    /// Opens (or creates) the store and takes its owner lock; refused while a spool holds it.
+    /// `max_disk_bytes` is only used for writes, and redrive writes nothing new in size.
+    pub fn open(path: &Path) -> Result<StoreAdmin> {
+        let cap = crate::config::Config::new("https://unused.invalid").max_disk_bytes;
+        let opened = Store::open(path, cap, chrono::Utc::now().timestamp_millis())?;
+        Ok(StoreAdmin {
+            store: opened.store,
+            path: path.to_path_buf(),
+        })
+    }
+
+    pub fn status(&self) -> Result<StoreStatus> {
+        inspect(&self.path)
+    }
+
+    /// Quarantined events, oldest first.
+    pub fn list(&self, filter: &ListFilter) -> Result<Vec<QuarantinedEvent>> {
+        self.store.with_quarantine(|q| q.list(filter))
+    }
+
+    pub fn get(&self, event_id: &str) -> Result<Option<QuarantinedEvent>> {
+        self.store.with_quarantine(|q| q.get(event_id))
+    }
+
+    /// Moves the selected events back to the queue with their original `event_id`; the next
+    /// spool (or `eventspool flush`) on this store delivers them. Returns how many.
+    pub fn redrive(&self, selector: &Selector) -> Result<u64> {
+        let mut next = self.store.next_seq()?;
+        self.store.redrive(selector, || {
+            next += 1;
+            next - 1
+        })
+    }
+
+    /// Deletes the selected quarantined events for good. Returns how many.
+    pub fn purge(&self, selector: &Selector) -> Result<u64> {
+        self.store.with_quarantine(|q| q.purge(selector))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inspect_reports_a_missing_file_and_an_empty_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("events.db");
+        assert!(matches!(inspect(&path), Err(Error::NotFound(_))));
+        let admin = StoreAdmin::open(&path).unwrap();
+        let status = admin.status().unwrap();
+        assert_eq!(status.pending, 0);
+        assert_eq!(status.oldest_ms, None);
+        assert!(status.bytes > 0);
+        // The owner lock is held, yet a read-only look still works.
+        assert_eq!(inspect(&path).unwrap().pending, 0);
+        assert!(
+            StoreAdmin::open(&path).is_err(),
+            "a second owner must be refused"
+        );
+    }
+}

@@ -1,0 +1,280 @@
+//! `send` and `flush`: track, drain until done or stuck, summarize.
+
+use std::io::{BufRead, IsTerminal, Write};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use eventspool::{DeliveryState, DeliveryStatus, EventSpool, NewEvent, Stats};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::{CmdResult, Connection, EXIT_OK, EXIT_PENDING, Failure, print_json};
+
+pub const SEND_HELP: &str = "\
+Each input line is one event: {\"name\", \"properties\", \"timestamp\"?, \"event_id\"?, \"session_id\"?}.
+Every line is checked before anything is sent; a bad line stops with exit 2 naming its number.
+Prints {\"delivered\",\"quarantined\",\"pending\",\"dropped\":{...},\"state\"} on stdout.
+Exit 0: nothing pending. 3: stopped (retries spent, paused, or --timeout) with events pending;
+with --db they stay in the store for `eventspool flush`.
+
+Example:
+  printf '%s\\n' '{\"name\":\"app_open\",\"properties\":{\"build\":\"1.2\"}}' |
+    eventspool send --endpoint http://127.0.0.1:8080/v1/batch --db events.db --input -";
+
+pub const FLUSH_HELP: &str = "\
+Delivers the events a store holds: left pending by an earlier send, or redriven from the
+quarantine. Same summary and exit codes as `send`.
+
+Example:
+  eventspool flush --endpoint http://127.0.0.1:8080/v1/batch --db events.db --timeout 60";
+
+#[derive(Args)]
+pub struct SendArgs {
+    #[command(flatten)]
+    pub conn: Connection,
+    /// JSON Lines file to read, or `-` for stdin.
+    #[arg(long, default_value = "-")]
+    pub input: PathBuf,
+}
+
+#[derive(Args)]
+pub struct FlushArgs {
+    #[command(flatten)]
+    pub conn: Connection,
+}
+
+/// One input line; unknown fields are refused so a typo (`"propeties"`) is not silently lost.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Line {
+    name: String,
+    #[serde(default = "empty_object")]
+    properties: Value,
+    timestamp: Option<String>,
+    event_id: Option<String>,
+    session_id: Option<String>,
+}
+
+fn empty_object() -> Value {
+    Value::Object(Default::default())
+}
+
+/// Reads and checks every line; nothing is tracked unless all of them are good.
+fn read_events(input: &PathBuf, max_event_bytes: u64) -> Result<Vec<NewEvent>, Failure> {
+    let reader: Box<dyn BufRead> = if input.as_os_str() == "-" {
+        Box::new(std::io::stdin().lock())
+    } else {
+        let file = std::fs::File::open(input)
+            .map_err(|e| Failure::bad_input(format!("cannot read {}: {e}", input.display())))?;
+        Box::new(std::io::BufReader::new(file))
+    };
+    let now = chrono::Utc::now().timestamp_millis();
+    let mut events = Vec::new();
+    for (i, line) in reader.lines().enumerate() {
+        let number = i + 1;
+        let line =
+            line.map_err(|e| Failure::bad_input(format!("line {number}: cannot read: {e}")))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let parsed: Line = serde_json::from_str(&line)
+            .map_err(|e| Failure::bad_input(format!("line {number}: {e}")))?;
+        let event = NewEvent {
+            name: parsed.name,
+            properties: parsed.properties,
+            event_id: parsed.event_id,
+            timestamp: parsed.timestamp,
+            session_id: parsed.session_id,
+        };
+        eventspool::event::prepare(&event, now, 0, max_event_bytes)
+            .map_err(|e| Failure::bad_input(format!("line {number}: {e}")))?;
+        events.push(event);
+    }
+    Ok(events)
+}
+
+pub fn send(args: SendArgs) -> CmdResult {
+    let config = args.conn.config()?;
+    let timeout = args.conn.timeout()?;
+    let events = read_events(&args.input, config.max_event_bytes)?;
+    let deadline = Instant::now() + timeout;
+    let has_store = config.db_path.is_some();
+    let capacity = config.memory_capacity;
+    let spool = EventSpool::open(config)?;
+    let total = events.len() as u64;
+    let mut progress = Progress::new(total);
+    for (i, event) in events.into_iter().enumerate() {
+        spool.track_event(event)?;
+        if has_store {
+            // Hand memory over to the store in steps so a fast reader never outruns the spill.
+            if (i as u64 + 1).is_multiple_of((capacity / 2).max(1)) {
+                spool.persist()?;
+            }
+        } else if spool.stats().pending_memory >= capacity {
+            // Memory only: wait for room rather than overflow (which would drop events).
+            let room = spool.wait_for(deadline.saturating_duration_since(Instant::now()), |st| {
+                st.pending < capacity || stuck(st)
+            });
+            if room.is_none_or(|st| st.pending >= capacity) {
+                let left = total - i as u64 - 1;
+                eprintln!("eventspool: delivery stalled; {left} input lines were not tracked");
+                return finish(&spool, deadline, &mut progress, left);
+            }
+        }
+    }
+    if has_store {
+        spool.persist()?;
+    }
+    finish(&spool, deadline, &mut progress, 0)
+}
+
+pub fn flush(args: FlushArgs) -> CmdResult {
+    let config = args.conn.config()?;
+    if config.db_path.is_none() {
+        return Err(Failure::bad_input(
+            "flush needs --db: there is nothing to deliver without a store",
+        ));
+    }
+    let deadline = Instant::now() + args.conn.timeout()?;
+    let spool = EventSpool::open(config)?;
+    let mut progress = Progress::new(spool.stats().pending);
+    finish(&spool, deadline, &mut progress, 0)
+}
+
+/// States in which waiting longer achieves nothing without someone acting.
+fn stuck(status: &DeliveryStatus) -> bool {
+    matches!(
+        status.state,
+        DeliveryState::WaitingForUser { .. }
+            | DeliveryState::Paused { .. }
+            | DeliveryState::Disabled
+    )
+}
+
+/// Drains, prints the summary, closes the spool (pending events go to the store).
+fn finish(
+    spool: &EventSpool,
+    deadline: Instant,
+    progress: &mut Progress,
+    untracked: u64,
+) -> CmdResult {
+    spool.flush();
+    let last = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let step = left.min(Duration::from_millis(200));
+        let status = spool.wait_for(step, |st| {
+            (st.pending == 0 && st.state == DeliveryState::Idle) || stuck(st)
+        });
+        progress.show(&spool.stats());
+        match status {
+            Some(st) => break st,
+            None if left.is_zero() => break spool.state(),
+            None => {}
+        }
+    };
+    progress.done();
+    let stats = spool.stats();
+    let state = last.state.name();
+    if let DeliveryState::WaitingForUser { last_error, .. }
+    | DeliveryState::Paused { last_error, .. } = &last.state
+    {
+        eprintln!("eventspool: stopped: {last}; last error: {last_error}");
+    }
+    spool.shutdown(Duration::from_secs(10))?;
+    if stats.pending > 0 && stats.store_bytes == 0 {
+        eprintln!(
+            "eventspool: no --db given: {} undelivered events are lost",
+            stats.pending
+        );
+    }
+    print_json(&summary(&stats, state, untracked));
+    Ok(if stats.pending == 0 && untracked == 0 {
+        EXIT_OK
+    } else {
+        EXIT_PENDING
+    })
+}
+
+fn summary(stats: &Stats, state: &str, untracked: u64) -> Value {
+    let dropped: serde_json::Map<String, Value> = stats
+        .dropped
+        .iter()
+        .filter(|(_, n)| **n > 0)
+        .map(|(k, n)| (k.clone(), json!(n)))
+        .collect();
+    let mut out = json!({
+        "delivered": stats.delivered,
+        "quarantined": stats.quarantined,
+        "pending": stats.pending,
+        "dropped": dropped,
+        "state": state,
+    });
+    if untracked > 0 {
+        out["untracked"] = json!(untracked);
+    }
+    out
+}
+
+/// Progress on stderr: a redrawn line with rate and ETA on a terminal, a plain line every few
+/// seconds otherwise (logs stay readable).
+struct Progress {
+    total: u64,
+    started: Instant,
+    last_line: Instant,
+    tty: bool,
+    drawn: bool,
+}
+
+impl Progress {
+    fn new(total: u64) -> Progress {
+        Progress {
+            total,
+            started: Instant::now(),
+            last_line: Instant::now(),
+            tty: std::io::stderr().is_terminal(),
+            drawn: false,
+        }
+    }
+
+    fn show(&mut self, stats: &Stats) {
+        let done = stats.delivered + stats.quarantined;
+        let secs = self.started.elapsed().as_secs_f64().max(0.001);
+        let rate = done as f64 / secs;
+        let eta = if rate > 0.0 && self.total > done {
+            format!("{:.0} s", (self.total - done) as f64 / rate)
+        } else {
+            "-".into()
+        };
+        let line = format!(
+            "delivered {}/{} ({} quarantined)  {:.0} events/s  ETA {eta}  pending {}",
+            stats.delivered, self.total, stats.quarantined, rate, stats.pending
+        );
+        let mut err = std::io::stderr().lock();
+        if self.tty {
+            let width = 30usize;
+            let filled = if self.total == 0 {
+                width
+            } else {
+                (done.min(self.total) as usize * width) / self.total as usize
+            };
+            let _ = write!(
+                err,
+                "\r\x1b[2K[{}{}] {line}",
+                "#".repeat(filled),
+                " ".repeat(width - filled)
+            );
+            let _ = err.flush();
+            self.drawn = true;
+        } else if self.last_line.elapsed() >= Duration::from_secs(2) {
+            let _ = writeln!(err, "{line}");
+            self.last_line = Instant::now();
+        }
+    }
+
+    fn done(&mut self) {
+        if self.drawn {
+            eprintln!();
+        }
+    }
+}

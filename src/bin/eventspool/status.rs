@@ -1,0 +1,38 @@
+//! `status`: a store's backlog and quarantine, read without becoming its owner.
+
+use std::path::PathBuf;
+
+use clap::Args;
+use eventspool::event::format_timestamp;
+use serde_json::json;
+
+use crate::{CmdResult, EXIT_OK, Failure, print_json};
+
+pub const HELP: &str = "\
+Prints {\"db\",\"pending\",\"bytes\",\"oldest\",\"newest\",\"quarantine\":{reason:n},\"dropped\":{reason:n}}.
+Opens the store read-only without its owner lock, so it works (and disturbs nothing) while an
+app or `eventspool send` is using the store.
+
+Example:
+  eventspool status --db events.db";
+
+#[derive(Args)]
+pub struct StatusArgs {
+    /// The SQLite store to look at.
+    #[arg(long)]
+    pub db: PathBuf,
+}
+
+pub fn run(args: StatusArgs) -> CmdResult {
+    let status = eventspool::admin::inspect(&args.db).map_err(|e| Failure::error(e.to_string()))?;
+    print_json(&json!({
+        "db": args.db.display().to_string(),
+        "pending": status.pending,
+        "bytes": status.bytes,
+        "oldest": status.oldest_ms.map(format_timestamp),
+        "newest": status.newest_ms.map(format_timestamp),
+        "quarantine": status.quarantine,
+        "dropped": status.dropped,
+    }));
+    Ok(EXIT_OK)
+}

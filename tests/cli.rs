@@ -1,0 +1,462 @@
+//! The `eventspool` binary as users run it: real subprocesses, a real `eventspool collector`
+//! process on 127.0.0.1, real store files. Every wait is bounded; children are killed when a
+//! test fails (their guards kill on drop).
+#![cfg(feature = "cli")]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_eventspool");
+const RUN_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// A child process killed when dropped, so a failing assertion never leaves it running.
+struct Guard(Child);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A running `eventspool collector`.
+struct Collector {
+    _child: Guard,
+    addr: String,
+    url: String,
+}
+
+impl Collector {
+    fn start(flags: &[&str]) -> Collector {
+        let mut child = Guard(
+            Command::new(BIN)
+                .args(["collector", "--listen", "127.0.0.1:0"])
+                .args(flags)
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("start collector"),
+        );
+        let stdout = child.0.stdout.take().expect("collector stdout");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(stdout).read_line(&mut line);
+            let _ = tx.send(line);
+        });
+        let line = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("collector printed its address");
+        let v: Value = serde_json::from_str(&line)
+            .unwrap_or_else(|e| panic!("collector first line {line:?}: {e}"));
+        Collector {
+            _child: child,
+            addr: v["addr"].as_str().unwrap().to_string(),
+            url: v["url"].as_str().unwrap().to_string(),
+        }
+    }
+
+    /// `GET /stats`, or `None` while the collector refuses connections.
+    fn try_stats(&self) -> Option<Value> {
+        let mut stream = TcpStream::connect(&self.addr).ok()?;
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .ok()?;
+        write!(
+            stream,
+            "GET /stats HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+            self.addr
+        )
+        .ok()?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response).ok()?;
+        let body = response.split_once("\r\n\r\n")?.1;
+        serde_json::from_str(body).ok()
+    }
+
+    fn stats(&self) -> Value {
+        self.try_stats().expect("collector /stats")
+    }
+
+    fn wait_until_up(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.try_stats().is_none() {
+            assert!(Instant::now() < deadline, "collector did not come back");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+struct Output {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl Output {
+    fn json(&self) -> Value {
+        let last = self.stdout.lines().last().unwrap_or_default();
+        serde_json::from_str(last).unwrap_or_else(|e| {
+            panic!(
+                "stdout {:?} is not JSON: {e}; stderr: {}",
+                self.stdout, self.stderr
+            )
+        })
+    }
+}
+
+fn spawn(args: &[&str], stdin: Option<String>) -> Guard {
+    let mut child = Guard(
+        Command::new(BIN)
+            .args(args)
+            .stdin(if stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start eventspool"),
+    );
+    if let Some(text) = stdin {
+        let mut pipe = child.0.stdin.take().unwrap();
+        std::thread::spawn(move || {
+            let _ = pipe.write_all(text.as_bytes());
+        });
+    }
+    child
+}
+
+/// Waits for the child with a bound; kills it and fails the test past that.
+fn finish(mut child: Guard) -> Output {
+    let read = |r: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            if let Some(mut r) = r {
+                let _ = r.read_to_string(&mut s);
+            }
+            s
+        })
+    };
+    let out = read(
+        child
+            .0
+            .stdout
+            .take()
+            .map(|s| Box::new(s) as Box<dyn Read + Send>),
+    );
+    let err = read(
+        child
+            .0
+            .stderr
+            .take()
+            .map(|s| Box::new(s) as Box<dyn Read + Send>),
+    );
+    let deadline = Instant::now() + RUN_TIMEOUT;
+    let status = loop {
+        if let Some(status) = child.0.try_wait().expect("wait") {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "eventspool did not finish within {RUN_TIMEOUT:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Output {
+        code: status.code().unwrap_or(-1),
+        stdout: out.join().unwrap(),
+        stderr: err.join().unwrap(),
+    }
+}
+
+fn run(args: &[&str]) -> Output {
+    finish(spawn(args, None))
+}
+
+fn events(n: usize, name: impl Fn(usize) -> String) -> String {
+    (1..=n)
+        .map(|i| {
+            format!(
+                "{{\"name\":\"{}\",\"properties\":{{\"n\":{i}}}}}\n",
+                name(i)
+            )
+        })
+        .collect()
+}
+
+fn write_input(dir: &Path, text: &str) -> PathBuf {
+    let path = dir.join("events.jsonl");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+#[test]
+fn send_of_5000_events_delivers_each_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let collector = Collector::start(&[]);
+    let input = write_input(dir.path(), &events(5000, |i| format!("ev_{}", i % 7)));
+    let db = dir.path().join("s.db");
+    let out = run(&[
+        "send",
+        "--endpoint",
+        &collector.url,
+        "--db",
+        s(&db),
+        "--input",
+        s(&input),
+    ]);
+    assert_eq!(out.code, 0, "stderr: {}", out.stderr);
+    let summary = out.json();
+    assert_eq!(summary["delivered"], 5000, "{summary}");
+    assert_eq!(summary["pending"], 0);
+    assert_eq!(summary["state"], "idle");
+    assert_eq!(collector.stats()["distinct"], 5000);
+}
+
+#[test]
+fn send_during_an_outage_keeps_events_for_flush() {
+    let dir = tempfile::tempdir().unwrap();
+    let collector = Collector::start(&["--outage-secs", "4"]);
+    let input = write_input(dir.path(), &events(300, |_| "offline".into()));
+    let db = dir.path().join("s.db");
+    let small_budget = [
+        "--set",
+        "max_auto_attempts=2",
+        "--set",
+        "backoff_base_ms=10",
+        "--set",
+        "backoff_cap_ms=20",
+    ];
+    let mut args = vec![
+        "send",
+        "--endpoint",
+        &collector.url,
+        "--db",
+        s(&db),
+        "--input",
+        s(&input),
+    ];
+    args.extend(small_budget);
+    let out = run(&args);
+    assert_eq!(out.code, 3, "stdout: {} stderr: {}", out.stdout, out.stderr);
+    let summary = out.json();
+    assert_eq!(summary["state"], "waiting_for_user", "{summary}");
+    assert_eq!(summary["pending"], 300, "{summary}");
+
+    let status = run(&["status", "--db", s(&db)]);
+    assert_eq!(status.code, 0, "{}", status.stderr);
+    assert_eq!(status.json()["pending"], 300);
+
+    collector.wait_until_up();
+    let out = run(&["flush", "--endpoint", &collector.url, "--db", s(&db)]);
+    assert_eq!(out.code, 0, "stderr: {}", out.stderr);
+    assert_eq!(out.json()["delivered"], 300);
+    assert_eq!(collector.stats()["distinct"], 300);
+}
+
+#[test]
+fn a_bad_line_stops_before_anything_is_sent() {
+    let dir = tempfile::tempdir().unwrap();
+    let collector = Collector::start(&[]);
+    let mut lines: Vec<String> = events(30, |_| "fine".into())
+        .lines()
+        .map(String::from)
+        .collect();
+    lines[16] = r#"{"name":"broken","properties":[1,2]}"#.into();
+    let input = write_input(dir.path(), &(lines.join("\n") + "\n"));
+    let out = run(&["send", "--endpoint", &collector.url, "--input", s(&input)]);
+    assert_eq!(out.code, 2, "stdout: {} stderr: {}", out.stdout, out.stderr);
+    assert!(
+        out.stderr.contains("line 17"),
+        "stderr must name line 17: {}",
+        out.stderr
+    );
+    assert!(out.stdout.is_empty());
+    assert_eq!(collector.stats()["requests"], 0);
+
+    // Unknown settings are refused by name, too.
+    let out = run(&[
+        "send",
+        "--endpoint",
+        &collector.url,
+        "--set",
+        "max_batch_event=5",
+        "--input",
+        s(&input),
+    ]);
+    assert_eq!(out.code, 2);
+    assert!(out.stderr.contains("max_batch_event"), "{}", out.stderr);
+}
+
+#[test]
+fn a_poison_event_is_quarantined_then_redriven_with_its_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("s.db");
+    let poison_id = "01932f5e-7a1b-7c3d-8e4f-0123456789ab";
+    let mut text = events(10, |_| "good".into());
+    text.push_str(&format!("{{\"name\":\"poison\",\"event_id\":\"{poison_id}\",\"properties\":{{\"secret\":\"s3\"}}}}\n"));
+    let input = write_input(dir.path(), &text);
+    {
+        let strict = Collector::start(&["--reject-name", "poison"]);
+        let out = run(&[
+            "send",
+            "--endpoint",
+            &strict.url,
+            "--db",
+            s(&db),
+            "--input",
+            s(&input),
+        ]);
+        assert_eq!(out.code, 0, "stderr: {}", out.stderr);
+        let summary = out.json();
+        assert_eq!(summary["delivered"], 10, "{summary}");
+        assert_eq!(summary["quarantined"], 1, "{summary}");
+        assert_eq!(strict.stats()["distinct"], 10);
+    }
+
+    let list = run(&["dlq", "list", "--db", s(&db)]);
+    assert_eq!(list.code, 0, "{}", list.stderr);
+    let entries: Vec<Value> = list
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(entries.len(), 1, "{}", list.stdout);
+    assert_eq!(entries[0]["event_id"], poison_id);
+    assert_eq!(entries[0]["name"], "poison");
+    assert_eq!(entries[0]["reason"], "bad_request");
+    assert!(
+        !list.stdout.contains("s3"),
+        "payload only with --show-payload"
+    );
+    let shown = run(&["dlq", "list", "--db", s(&db), "--show-payload"]);
+    assert!(shown.stdout.contains("s3"));
+    let status = run(&["status", "--db", s(&db)]);
+    assert_eq!(status.json()["quarantine"]["bad_request"], 1);
+
+    // The collector is fixed (restarted without the flag); redrive, then flush delivers it.
+    let collected = dir.path().join("collected.db");
+    let fixed = Collector::start(&["--db", s(&collected)]);
+    let redrive = run(&["dlq", "redrive", "--db", s(&db), "--all"]);
+    assert_eq!(redrive.code, 0, "{}", redrive.stderr);
+    assert_eq!(redrive.json()["redriven"], 1);
+    let out = run(&["flush", "--endpoint", &fixed.url, "--db", s(&db)]);
+    assert_eq!(out.code, 0, "stderr: {}", out.stderr);
+    assert_eq!(out.json()["delivered"], 1);
+    assert_eq!(fixed.stats()["distinct"], 1);
+    let conn = rusqlite::Connection::open(&collected).unwrap();
+    let id: String = conn
+        .query_row(
+            "SELECT event_id FROM events WHERE name = 'poison'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(id, poison_id, "redrive keeps the event_id");
+    let list = run(&["dlq", "list", "--db", s(&db)]);
+    assert!(
+        list.stdout.is_empty(),
+        "quarantine empty after redrive: {}",
+        list.stdout
+    );
+}
+
+#[test]
+fn status_works_while_send_holds_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let collector = Collector::start(&["--delay-ms", "300"]);
+    let input = write_input(dir.path(), &events(1000, |_| "slow".into()));
+    let db = dir.path().join("s.db");
+    let sender = spawn(
+        &[
+            "send",
+            "--endpoint",
+            &collector.url,
+            "--db",
+            s(&db),
+            "--input",
+            s(&input),
+            "--set",
+            "max_batch_events=50",
+        ],
+        None,
+    );
+    // Wait for the first batch: the store is open and owned by the sender by then.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while collector.stats()["requests"].as_u64().unwrap_or(0) == 0 {
+        assert!(Instant::now() < deadline, "sender made no request");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let status = run(&["status", "--db", s(&db)]);
+    assert_eq!(status.code, 0, "{}", status.stderr);
+    let v = status.json();
+    assert!(v["pending"].as_u64().unwrap() > 0, "{v}");
+    assert!(
+        v["oldest"].is_string() && v["bytes"].as_u64().unwrap() > 0,
+        "{v}"
+    );
+    // Changing the store needs its owner lock, which the sender holds.
+    let dlq = run(&["dlq", "purge", "--db", s(&db), "--all"]);
+    assert_eq!(dlq.code, 1);
+    assert!(dlq.stderr.contains("already open"), "{}", dlq.stderr);
+
+    let out = finish(sender);
+    assert_eq!(out.code, 0, "stderr: {}", out.stderr);
+    assert_eq!(out.json()["delivered"], 1000);
+    assert_eq!(collector.stats()["distinct"], 1000);
+}
+
+#[test]
+fn demo_script_plays_the_story_and_checks_the_end_state() {
+    let out = run(&["demo", "--script"]);
+    assert_eq!(
+        out.code, 0,
+        "stdout: {}\nstderr: {}",
+        out.stdout, out.stderr
+    );
+    assert!(out.stdout.contains("attempt 1 of 5"), "{}", out.stdout);
+    assert!(out.stdout.contains("quarantined"), "{}", out.stdout);
+}
+
+#[test]
+fn every_subcommand_help_says_what_and_shows_an_example() {
+    for cmd in [
+        vec!["send"],
+        vec!["flush"],
+        vec!["status"],
+        vec!["dlq"],
+        vec!["dlq", "list"],
+        vec!["dlq", "show"],
+        vec!["dlq", "redrive"],
+        vec!["dlq", "purge"],
+        vec!["collector"],
+        vec!["demo"],
+    ] {
+        let mut args = cmd.clone();
+        args.push("--help");
+        let out = run(&args);
+        assert_eq!(out.code, 0, "{cmd:?}: {}", out.stderr);
+        assert!(
+            out.stdout.contains("Example"),
+            "{cmd:?} --help has no example:\n{}",
+            out.stdout
+        );
+        assert!(
+            out.stdout.lines().next().is_some_and(|l| l.len() > 10),
+            "{cmd:?} --help has no summary"
+        );
+    }
+}

@@ -40,9 +40,10 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             }
             "--db" => config.db_path = Some(PathBuf::from(value("--db")?)),
             other => {
-                return Err(
-                    format!("unknown argument '{other}' (known: --listen ADDR, --db PATH)").into(),
-                );
+                return Err(format!(
+                    "unknown argument '{other}' (known: --listen ADDR, --db PATH)"
+                )
+                .into());
             }
         }
     }

@@ -15,8 +15,8 @@ mod types;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 pub use foreign::{
@@ -201,11 +201,64 @@ impl TryFrom<SpoolConfig> for Config {
 
 /// The spool an app holds for its lifetime. Every method returns at once (none waits on the
 /// network) except `shutdown` and `wait_drained`, which wait at most as long as told.
-/// Closing it (Kotlin `close()`/`use {}`, dropping it in Swift) shuts it down.
+/// `shutdown` (or Kotlin `close()`/`use {}`, or dropping it in Swift/Python) stops delivery,
+/// persists what is in memory and releases the store file, so another spool may open it.
 #[derive(uniffi::Object)]
 pub struct EventSpool {
-    inner: crate::EventSpool,
+    /// `None` once shut down: dropping the core handle is what closes the store and its lock.
+    core: Mutex<Option<crate::EventSpool>>,
+    /// The last state and stats, kept at shutdown so a UI can still render them.
+    last: Mutex<Option<(DeliveryStatus, SpoolStats)>>,
     callback_errors: Arc<AtomicU64>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl EventSpool {
+    /// A clone of the core handle (cheap), so no lock is held while the core works.
+    fn core(&self) -> Option<crate::EventSpool> {
+        lock(&self.core).clone()
+    }
+
+    fn with_core<T>(
+        &self,
+        f: impl FnOnce(&crate::EventSpool) -> Result<T, Error>,
+    ) -> Result<T, SpoolError> {
+        guard(|| f(&self.core().ok_or(Error::ShutDown)?))
+    }
+
+    fn verb(&self, f: impl FnOnce(&crate::EventSpool)) {
+        if let Some(core) = self.core() {
+            quietly(|| f(&core));
+        }
+    }
+
+    fn snapshot(&self, core: &crate::EventSpool) -> (DeliveryStatus, SpoolStats) {
+        let status = (&core.state()).into();
+        (
+            status,
+            SpoolStats::from_core(core.stats(), self.callback_errors.load(Ordering::Relaxed)),
+        )
+    }
+
+    fn last(&self) -> (DeliveryStatus, SpoolStats) {
+        lock(&self.last).clone().unwrap_or_else(|| {
+            let status = DeliveryStatus {
+                state: DeliveryState::Idle,
+                pending: 0,
+                summary: "shut down".into(),
+            };
+            (
+                status,
+                SpoolStats::from_core(
+                    crate::Stats::default(),
+                    self.callback_errors.load(Ordering::Relaxed),
+                ),
+            )
+        })
+    }
 }
 
 #[uniffi::export]
@@ -240,22 +293,23 @@ impl EventSpool {
             builder.open()
         })?;
         Ok(Arc::new(EventSpool {
-            inner,
+            core: Mutex::new(Some(inner)),
+            last: Mutex::new(None),
             callback_errors,
         }))
     }
 
     /// Records an event; `properties_json` must be a JSON object. Returns its `event_id`.
     pub fn track(&self, name: String, properties_json: String) -> Result<String, SpoolError> {
-        guard(|| {
+        self.with_core(|core| {
             let properties = parse_properties(&properties_json)?;
-            self.inner.track(&name, properties).map(|id| id.to_string())
+            core.track(&name, properties).map(|id| id.to_string())
         })
     }
 
     /// Records an event with its optional fields set by the caller. Returns its `event_id`.
     pub fn track_event(&self, event: NewEvent) -> Result<String, SpoolError> {
-        guard(|| {
+        self.with_core(|spool| {
             let properties = parse_properties(&event.properties_json)?;
             let core = crate::NewEvent {
                 name: event.name,
@@ -264,86 +318,103 @@ impl EventSpool {
                 timestamp: event.timestamp,
                 session_id: event.session_id,
             };
-            self.inner.track_event(core).map(|id| id.to_string())
+            spool.track_event(core).map(|id| id.to_string())
         })
     }
 
     /// Whether the device has a network; going online sends what is pending.
     pub fn set_online(&self, online: bool) {
-        quietly(|| self.inner.set_online(online));
+        self.verb(|core| core.set_online(online));
     }
 
     /// Sends pending events now.
     pub fn flush(&self) {
-        quietly(|| self.inner.flush());
+        self.verb(|core| core.flush());
     }
 
     /// "Retry now": skips the countdown, or makes one attempt from `WaitingForUser`.
     pub fn retry_now(&self) {
-        quietly(|| self.inner.retry_now());
+        self.verb(|core| core.retry_now());
     }
 
     /// "Back": stop retrying, keep every event.
     pub fn dismiss(&self) {
-        quietly(|| self.inner.dismiss());
+        self.verb(|core| core.dismiss());
     }
 
     /// Leaves `Paused`.
     pub fn resume(&self) {
-        quietly(|| self.inner.resume());
+        self.verb(|core| core.resume());
     }
 
     /// New credentials (or none); leaves `Paused{auth}`.
     pub fn set_api_key(&self, api_key: Option<String>) -> Result<(), SpoolError> {
-        guard(|| self.inner.set_api_key(api_key))
+        self.with_core(|core| core.set_api_key(api_key))
     }
 
     /// Opt-out: `false` stops delivery and makes `track` fail with `TrackingDisabled`.
     pub fn set_enabled(&self, enabled: bool) {
-        quietly(|| self.inner.set_enabled(enabled));
+        self.verb(|core| core.set_enabled(enabled));
     }
 
     /// Deletes every queued event not in flight (after an opt-out); returns how many.
     pub fn purge_pending(&self) -> Result<u64, SpoolError> {
-        guard(|| self.inner.purge_pending())
+        self.with_core(|core| core.purge_pending())
     }
 
-    /// The current state, with the countdown computed now.
+    /// The current state, with the countdown computed now; after `shutdown`, the last one.
     pub fn state(&self) -> DeliveryStatus {
-        (&self.inner.state()).into()
+        match self.core() {
+            Some(core) => (&core.state()).into(),
+            None => self.last().0,
+        }
     }
 
+    /// Where every event went; after `shutdown`, the final figures.
     pub fn stats(&self) -> SpoolStats {
-        SpoolStats::from_core(
-            self.inner.stats(),
-            self.callback_errors.load(Ordering::Relaxed),
-        )
+        match self.core() {
+            Some(core) => self.snapshot(&core).1,
+            None => self.last().1,
+        }
     }
 
     /// Registers another observer; it hears the next change.
     pub fn add_observer(&self, observer: Arc<dyn DeliveryObserver>) {
         let errors = self.callback_errors.clone();
-        quietly(|| {
-            self.inner
-                .add_observer(Arc::new(foreign::ObserverAdapter { observer, errors }))
+        self.verb(|core| {
+            core.add_observer(Arc::new(foreign::ObserverAdapter { observer, errors }))
         });
     }
 
     /// Blocks up to `timeout_ms` until nothing is pending and delivery is idle. For scripts,
     /// tests and desktop tools; never call it on a UI thread.
     pub fn wait_drained(&self, timeout_ms: u64) -> bool {
-        self.inner.wait_drained(Duration::from_millis(timeout_ms))
+        match self.core() {
+            Some(core) => core.wait_drained(Duration::from_millis(timeout_ms)),
+            None => self.last().0.pending == 0,
+        }
     }
 
     /// Writes what is in memory to the store: call it when the app goes to the background.
     pub fn persist(&self) -> Result<u64, SpoolError> {
-        guard(|| self.inner.persist())
+        self.with_core(|core| core.persist())
     }
 
-    /// Stops delivery (waiting at most `timeout_ms` for a request in flight), persists and
-    /// releases the store. Later calls fail with `ShutDown`; calling it twice is fine.
+    /// Stops delivery (waiting at most `timeout_ms` for a request in flight), persists what is
+    /// in memory and releases the store. Later calls fail with `ShutDown` (`state` and `stats`
+    /// keep answering with the final figures); calling it twice is fine.
     pub fn shutdown(&self, timeout_ms: u64) -> Result<(), SpoolError> {
-        guard(|| self.inner.shutdown(Duration::from_millis(timeout_ms)))
+        let Some(core) = self.core() else {
+            return Ok(());
+        };
+        let result = guard(|| core.shutdown(Duration::from_millis(timeout_ms)));
+        let last = self.snapshot(&core);
+        *lock(&self.last) = Some(last);
+        lock(&self.core).take();
+        // Our handle goes last, which closes the store (unless a call still running holds a
+        // clone; then it closes as that call returns).
+        drop(core);
+        result
     }
 
     /// Quarantined events, oldest first; `limit` 0 means all.
@@ -354,14 +425,13 @@ impl EventSpool {
         offset: u64,
         limit: u64,
     ) -> Result<Vec<QuarantinedEvent>, SpoolError> {
-        guard(|| {
+        self.with_core(|core| {
             let filter = ListFilter {
                 reason,
                 offset,
                 limit,
             };
-            Ok(self
-                .inner
+            Ok(core
                 .quarantine_list(&filter)?
                 .into_iter()
                 .map(QuarantinedEvent::from)
@@ -370,22 +440,17 @@ impl EventSpool {
     }
 
     pub fn quarantine_get(&self, event_id: String) -> Result<Option<QuarantinedEvent>, SpoolError> {
-        guard(|| {
-            Ok(self
-                .inner
-                .quarantine_get(&event_id)?
-                .map(QuarantinedEvent::from))
-        })
+        self.with_core(|core| Ok(core.quarantine_get(&event_id)?.map(QuarantinedEvent::from)))
     }
 
     /// Puts quarantined events back in the queue with their original ids; returns how many.
     pub fn quarantine_redrive(&self, selector: QuarantineSelector) -> Result<u64, SpoolError> {
-        guard(|| self.inner.quarantine_redrive(&selector.into()))
+        self.with_core(|core| core.quarantine_redrive(&selector.into()))
     }
 
     /// Deletes quarantined events for good; returns how many.
     pub fn quarantine_purge(&self, selector: QuarantineSelector) -> Result<u64, SpoolError> {
-        guard(|| self.inner.quarantine_purge(&selector.into()))
+        self.with_core(|core| core.quarantine_purge(&selector.into()))
     }
 }
 

@@ -69,12 +69,23 @@ class RejectingTransport(HttpClientTransport):
         body = bytes(request.body)
         if any(k.lower() == "content-encoding" and v == "gzip" for k, v in request.headers.items()):
             body = gzip.decompress(body)
-        batch = json.loads(body)["batch"]
-        poison = [e["event_id"] for e in batch if e["name"] == "poison"]
-        if self.rejecting and poison:
-            rejected = [{"event_id": i, "reason": "schema: poison is not allowed"} for i in poison]
-            return eventspool.TransportResponse(status=200, headers={}, body=json.dumps({"rejected": rejected}).encode())
-        return super().send(request)
+        envelope = json.loads(body)
+        poison = [e["event_id"] for e in envelope["batch"] if e["name"] == "poison"]
+        if not (self.rejecting and poison):
+            return super().send(request)
+        # The rest of the batch goes to the real collector; the poison is refused in the answer.
+        envelope["batch"] = [e for e in envelope["batch"] if e["name"] != "poison"]
+        if envelope["batch"]:
+            headers = {k: v for k, v in request.headers.items() if k.lower() != "content-encoding"}
+            forwarded = eventspool.TransportRequest(
+                method=request.method, url=request.url, headers=headers,
+                body=json.dumps(envelope).encode(), timeout_ms=request.timeout_ms,
+            )
+            upstream = super().send(forwarded)
+            if upstream.status != 200:
+                return upstream
+        rejected = [{"event_id": i, "reason": "schema: poison is not allowed"} for i in poison]
+        return eventspool.TransportResponse(status=200, headers={}, body=json.dumps({"rejected": rejected}).encode())
 
 
 class Recorder(eventspool.DeliveryObserver):

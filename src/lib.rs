@@ -34,6 +34,12 @@ mod worker;
 #[cfg(feature = "collector")]
 pub mod collector;
 
+/// The UniFFI surface for Kotlin, Swift and Python (`bindings/`).
+#[cfg(feature = "ffi")]
+pub mod ffi;
+#[cfg(feature = "ffi")]
+uniffi::setup_scaffolding!();
+
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{Compression, Config, Durability};
 pub use error::{ConfigError, Error, Result};

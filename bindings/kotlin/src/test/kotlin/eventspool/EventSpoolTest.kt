@@ -1,0 +1,178 @@
+package eventspool
+
+import java.nio.file.Path
+import org.junit.jupiter.api.AfterEach
+import org.junit.jupiter.api.Assertions.assertEquals
+import org.junit.jupiter.api.Assertions.assertTrue
+import org.junit.jupiter.api.BeforeEach
+import org.junit.jupiter.api.Test
+import org.junit.jupiter.api.assertThrows
+import org.junit.jupiter.api.io.TempDir
+import uniffi.eventspool.DeliveryState
+import uniffi.eventspool.EventSpool
+import uniffi.eventspool.NewEvent
+import uniffi.eventspool.SpoolException
+
+/** The Kotlin bindings against the real library (JNA) and a real collector process. */
+class EventSpoolTest {
+    @TempDir
+    lateinit var dir: Path
+    private lateinit var collector: CollectorProcess
+    private val db get() = dir.resolve("events.db")
+
+    @BeforeEach
+    fun startCollector() {
+        collector = CollectorProcess(dir.resolve("collector.db")).start()
+    }
+
+    @AfterEach
+    fun stopCollector() = collector.stop()
+
+    private fun EventSpool.trackMany(n: Int, name: String = "screen_view"): List<String> =
+        (0 until n).map { track(name, """{"screen":"s-${it % 7}","i":$it}""") }
+
+    @Test
+    fun `tracked offline then drained`() {
+        EventSpool(fastConfig(collector.url, db).copy(memoryCapacity = 20uL), startOffline = true).use { spool ->
+            assertEquals(150, spool.trackMany(150).toSet().size)
+            val status = spool.state()
+            assertTrue(status.state is DeliveryState.Offline, "$status")
+            assertEquals(150uL, status.pending)
+            assertTrue(spool.stats().pendingDisk > 0uL, "memory_capacity 20 must spill to the store")
+
+            spool.setOnline(true)
+            assertTrue(spool.waitDrained(20_000uL))
+            assertEquals(150L, collector.distinct())
+            assertEquals(150uL, spool.stats().delivered)
+        }
+    }
+
+    @Test
+    fun `outage shows the countdown, then WaitingForUser, and retryNow drains after recovery`() {
+        val recorder = Recorder()
+        EventSpool(fastConfig(collector.url, db), observer = recorder).use { spool ->
+            spool.trackMany(10)
+            spool.flush()
+            assertTrue(spool.waitDrained(20_000uL))
+
+            collector.stop() // outage: the port refuses connections
+            spool.trackMany(25)
+            spool.flush()
+            assertTrue(waitUntil { spool.state().state is DeliveryState.WaitingForUser })
+
+            val scheduled = recorder.states().filterIsInstance<DeliveryState.RetryScheduled>()
+            // Each retry is announced, then again as its countdown ticks down.
+            assertEquals(listOf(1u, 2u, 3u), scheduled.map { it.attempt }.distinct())
+            assertEquals(scheduled.map { it.attempt }.sorted(), scheduled.map { it.attempt })
+            scheduled.groupBy { it.attempt }.values.forEach { ticks ->
+                assertEquals(ticks.map { it.retryInMs }.sortedDescending(), ticks.map { it.retryInMs })
+            }
+            assertTrue(scheduled.all { it.maxAttempts == 3u && it.retryInMs in 1uL..200uL }, "$scheduled")
+            val waiting = spool.state()
+            assertEquals(3u, (waiting.state as DeliveryState.WaitingForUser).attempts)
+            assertEquals(25uL, waiting.pending)
+            assertTrue(recorder.states().last() is DeliveryState.WaitingForUser)
+
+            collector.start() // recovery: same port, same database
+            spool.retryNow()
+            assertTrue(spool.waitDrained(20_000uL))
+            assertEquals(35L, collector.distinct())
+            val stats = spool.stats()
+            assertEquals(35uL, stats.tracked)
+            assertEquals(35uL, stats.delivered)
+        }
+    }
+
+    @Test
+    fun `a Kotlin HttpTransport on java-net-http delivers everything`() {
+        val transport = JavaHttpTransport()
+        EventSpool(fastConfig(collector.url, db, maxBatchEvents = 40uL), transport = transport).use { spool ->
+            spool.trackMany(300)
+            spool.flush()
+            assertTrue(spool.waitDrained(20_000uL))
+            assertEquals(300L, collector.distinct())
+            assertTrue(transport.calls.get() >= 300 / 40)
+            assertEquals(transport.calls.get().toULong(), spool.stats().requests)
+        }
+    }
+
+    @Test
+    fun `bad input raises typed exceptions`() {
+        EventSpool(fastConfig(collector.url, db)).use { spool ->
+            val e = assertThrows<SpoolException.InvalidEvent> { spool.track("click", "{not json") }
+            assertTrue(e.reason.contains("properties_json"), e.reason)
+            assertThrows<SpoolException.InvalidEvent> { spool.track("click", "[1, 2]") }
+            assertThrows<SpoolException.InvalidEvent> { spool.track("", "{}") }
+            assertThrows<SpoolException.InvalidEvent> {
+                spool.trackEvent(NewEvent(name = "click", timestamp = "yesterday"))
+            }
+            val big = assertThrows<SpoolException.EventTooLarge> {
+                spool.track("big", """{"blob":"${"x".repeat(40_000)}"}""")
+            }
+            assertEquals(32uL * 1024uL, big.limit)
+            assertEquals(0uL, spool.stats().tracked)
+        }
+        val e = assertThrows<SpoolException.InvalidConfig> {
+            EventSpool(fastConfig(collector.url, db).copy(flushAt = 0uL))
+        }
+        assertEquals("flush_at", e.field)
+        val insecure = assertThrows<SpoolException.InvalidConfig> {
+            EventSpool(fastConfig("http://collector.example/v1/batch", db))
+        }
+        assertEquals("endpoint", insecure.field)
+    }
+
+    @Test
+    fun `a throwing observer and a throwing transport do not stop delivery`() {
+        val observer = ThrowingObserver()
+        val transport = FlakyTransport(failures = 2)
+        EventSpool(fastConfig(collector.url, db), transport = transport, observer = observer).use { spool ->
+            spool.trackMany(40)
+            spool.flush()
+            assertTrue(spool.waitDrained(20_000uL))
+            assertEquals(40L, collector.distinct())
+            val stats = spool.stats()
+            assertTrue(observer.calls.get() > 0)
+            assertTrue(stats.callbackErrors > 0uL, "every throw is counted: $stats")
+            assertTrue(transport.left.get() < 0, "the transport threw twice, then delivered")
+            assertEquals(40uL, stats.delivered)
+        }
+    }
+
+    @Test
+    fun `close releases everything so the store opens again`() {
+        val spool = EventSpool(fastConfig(collector.url, db), startOffline = true)
+        spool.use { it.trackMany(12) }
+        // After close() the object is gone; a second spool can own the same store at once.
+        EventSpool(fastConfig(collector.url, db)).use { again ->
+            assertEquals(12uL, again.stats().restored)
+            again.flush()
+            assertTrue(again.waitDrained(20_000uL))
+            assertEquals(12L, collector.distinct())
+        }
+    }
+
+    @Test
+    fun `shutdown then track raises ShutDown`() {
+        EventSpool(fastConfig(collector.url, db)).use { spool ->
+            spool.shutdown(5_000uL)
+            assertThrows<SpoolException.ShutDown> { spool.track("late", "{}") }
+            spool.shutdown(5_000uL)
+        }
+    }
+
+    @Test
+    fun `the caller's event id is kept`() {
+        EventSpool(fastConfig(collector.url, db)).use { spool ->
+            val given = "0193a5b2-7c4d-7e8f-9a0b-1c2d3e4f5a6b"
+            val event = NewEvent(
+                name = "purchase", propertiesJson = """{"sku":"A-1"}""", eventId = given,
+                timestamp = "2026-11-29T11:58:00.001Z", sessionId = "s-1",
+            )
+            assertEquals(given, spool.trackEvent(event))
+            spool.flush()
+            assertTrue(spool.waitDrained(20_000uL))
+            assertEquals(1L, collector.distinct())
+        }
+    }
+}

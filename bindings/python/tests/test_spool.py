@@ -1,0 +1,209 @@
+"""The Python bindings against the real library and a real collector process."""
+
+import json
+
+import pytest
+
+import eventspool
+from eventspool import DeliveryState, EventSpool, SpoolError
+from conftest import wait_until
+from transports import FlakyTransport, HttpClientTransport, Recorder, RejectingTransport, ThrowingObserver
+
+
+def track_many(spool, n, name="screen_view"):
+    return [spool.track(name, json.dumps({"screen": f"s-{i % 7}", "i": i})) for i in range(n)]
+
+
+def test_tracked_offline_then_drained(collector, fast_config):
+    spool = EventSpool(fast_config(collector.url, memory_capacity=20), start_offline=True)
+    ids = track_many(spool, 150)
+    assert len(set(ids)) == 150
+    status = spool.state()
+    assert isinstance(status.state, DeliveryState.OFFLINE)
+    assert status.pending == 150
+    assert spool.stats().pending_disk > 0, "memory_capacity 20 must spill to the store"
+
+    spool.set_online(True)
+    assert spool.wait_drained(20_000)
+    assert collector.distinct() == 150
+    stats = spool.stats()
+    assert (stats.delivered, stats.pending) == (150, 0)
+    spool.shutdown(5_000)
+
+
+def test_outage_countdown_waiting_for_user_then_retry_now(collector, fast_config):
+    recorder = Recorder()
+    spool = EventSpool(fast_config(collector.url), observer=recorder)
+    track_many(spool, 10)
+    spool.flush()
+    assert spool.wait_drained(20_000)
+    assert collector.distinct() == 10
+
+    collector.stop()  # outage: the port now refuses connections
+    track_many(spool, 25)
+    spool.flush()
+    assert wait_until(lambda: isinstance(spool.state().state, DeliveryState.WAITING_FOR_USER))
+
+    scheduled = [s for s in recorder.states() if isinstance(s, DeliveryState.RETRY_SCHEDULED)]
+    # Each attempt is announced, possibly more than once as its countdown ticks.
+    assert sorted(set(s.attempt for s in scheduled)) == [1, 2, 3]
+    assert [s.attempt for s in scheduled] == sorted(s.attempt for s in scheduled)
+    for attempt in (1, 2, 3):
+        ticks = [s.retry_in_ms for s in scheduled if s.attempt == attempt]
+        assert ticks == sorted(ticks, reverse=True), "the countdown only goes down"
+    assert all(s.max_attempts == 3 for s in scheduled)
+    assert all(0 < s.retry_in_ms <= 200 for s in scheduled), "a countdown within backoff_cap_ms"
+    assert scheduled[0].last_error.status is None and scheduled[0].last_error.message
+    waiting = spool.state()
+    assert waiting.state.attempts == 3 and waiting.pending == 25
+    assert "waiting for retry" in waiting.summary
+
+    collector.start()  # recovery: same port, same database
+    spool.retry_now()
+    assert spool.wait_drained(20_000)
+    assert collector.distinct() == 35
+    stats = spool.stats()
+    assert stats.delivered == 35 and stats.tracked == 35 and stats.pending == 0
+    spool.shutdown(5_000)
+
+
+def test_app_http_transport_delivers_everything(collector, fast_config):
+    transport = HttpClientTransport()
+    spool = EventSpool(fast_config(collector.url, max_batch_events=40), transport=transport)
+    track_many(spool, 300)
+    spool.flush()
+    assert spool.wait_drained(20_000)
+    assert collector.distinct() == 300
+    assert transport.calls >= 300 // 40
+    assert spool.stats().requests == transport.calls
+    spool.shutdown(5_000)
+
+
+def test_app_http_transport_outage_maps_to_retry(collector, fast_config):
+    spool = EventSpool(fast_config(collector.url), transport=HttpClientTransport())
+    collector.stop()
+    track_many(spool, 5)
+    spool.flush()
+    assert wait_until(lambda: isinstance(spool.state().state, DeliveryState.WAITING_FOR_USER))
+    assert "connect" in spool.state().state.last_error.message.lower()
+    collector.start()
+    spool.retry_now()
+    assert spool.wait_drained(20_000)
+    assert collector.distinct() == 5
+    spool.shutdown(5_000)
+
+
+def test_bad_input_raises_typed_errors(collector, fast_config):
+    spool = EventSpool(fast_config(collector.url))
+    with pytest.raises(SpoolError.InvalidEvent) as e:
+        spool.track("click", "{not json")
+    assert "properties_json" in str(e.value)
+    with pytest.raises(SpoolError.InvalidEvent):
+        spool.track("click", "[1, 2]")
+    with pytest.raises(SpoolError.InvalidEvent):
+        spool.track("", "{}")
+    with pytest.raises(SpoolError.InvalidEvent):
+        spool.track_event(eventspool.NewEvent(name="click", timestamp="yesterday"))
+    with pytest.raises(SpoolError.EventTooLarge) as e:
+        spool.track("big", json.dumps({"blob": "x" * 40_000}))
+    assert e.value.limit == 32 * 1024
+    assert spool.stats().tracked == 0
+    spool.shutdown(5_000)
+
+    with pytest.raises(SpoolError.InvalidConfig) as e:
+        EventSpool(fast_config(collector.url, flush_at=0))
+    assert e.value.field == "flush_at"
+    with pytest.raises(SpoolError.InvalidConfig) as e:
+        EventSpool(fast_config("http://collector.example/v1/batch"))
+    assert e.value.field == "endpoint"
+    with pytest.raises(SpoolError.InvalidConfig) as e:
+        EventSpool(fast_config(collector.url, compression="zip"))
+    assert e.value.field == "compression"
+    assert isinstance(e.value, Exception)
+
+
+def test_full_event_keeps_the_callers_id(collector, fast_config):
+    spool = EventSpool(fast_config(collector.url))
+    given = "0193a5b2-7c4d-7e8f-9a0b-1c2d3e4f5a6b"
+    event = eventspool.NewEvent(
+        name="purchase", properties_json='{"sku": "A-1"}', event_id=given,
+        timestamp="2026-11-29T11:58:00.001Z", session_id="s-1",
+    )
+    assert spool.track_event(event) == given
+    spool.flush()
+    assert spool.wait_drained(20_000)
+    assert collector.distinct() == 1
+    spool.shutdown(5_000)
+
+
+def test_throwing_observer_and_transport_do_not_stop_delivery(collector, fast_config):
+    observer = ThrowingObserver()
+    transport = FlakyTransport(failures=2)
+    spool = EventSpool(fast_config(collector.url), transport=transport, observer=observer)
+    track_many(spool, 40)
+    spool.flush()
+    assert spool.wait_drained(20_000)
+    assert collector.distinct() == 40
+    stats = spool.stats()
+    assert observer.calls > 0 and stats.callback_errors > 0
+    assert transport.failures < 0, "the transport threw twice, then delivered"
+    assert stats.delivered == 40
+    spool.shutdown(5_000)
+
+
+def test_shutdown_releases_the_store(collector, fast_config):
+    spool = EventSpool(fast_config(collector.url), start_offline=True)
+    track_many(spool, 12)
+    spool.shutdown(5_000)
+    with pytest.raises(SpoolError.ShutDown):
+        spool.track("late", "{}")
+    spool.shutdown(5_000)  # twice is fine
+
+    again = EventSpool(fast_config(collector.url))  # the store's lock was released
+    assert again.stats().restored == 12
+    again.flush()
+    assert again.wait_drained(20_000)
+    assert collector.distinct() == 12
+    again.shutdown(5_000)
+
+
+def test_quarantine_list_redrive_purge(collector, fast_config):
+    transport = RejectingTransport()
+    spool = EventSpool(fast_config(collector.url), transport=transport)
+    track_many(spool, 5)
+    poison = [spool.track("poison", json.dumps({"n": i})) for i in range(3)]
+    spool.flush()
+    assert spool.wait_drained(20_000)
+    assert collector.distinct() == 5
+
+    listed = spool.quarantine_list()
+    assert sorted(q.event_id for q in listed) == sorted(poison)
+    assert all(q.reason == "rejected" and "poison" in q.detail for q in listed)
+    assert spool.quarantine_get(poison[0]).event_id == poison[0]
+    assert spool.quarantine_get("00000000-0000-7000-8000-000000000000") is None
+    assert spool.stats().quarantine == {"rejected": 3}
+
+    transport.rejecting = False
+    assert spool.quarantine_redrive(eventspool.QuarantineSelector.IDS(ids=poison[:2])) == 2
+    assert spool.wait_drained(20_000)
+    assert collector.distinct() == 7
+    assert spool.quarantine_purge(eventspool.QuarantineSelector.ALL()) == 1
+    assert spool.quarantine_list() == []
+    stats = spool.stats()
+    assert stats.tracked + stats.redriven == stats.delivered + stats.quarantined + stats.pending
+    spool.shutdown(5_000)
+
+
+def test_opt_out_and_purge(collector, fast_config):
+    spool = EventSpool(fast_config(collector.url), start_offline=True)
+    track_many(spool, 4)
+    spool.set_enabled(False)
+    with pytest.raises(SpoolError.TrackingDisabled):
+        spool.track("x", "{}")
+    assert spool.purge_pending() == 4
+    assert spool.stats().dropped["purged"] == 4
+    assert spool.persist() == 0
+    spool.set_api_key("k-1")
+    with pytest.raises(SpoolError.InvalidConfig):
+        spool.set_api_key("")
+    spool.shutdown(5_000)

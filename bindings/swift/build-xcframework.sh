@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Builds bindings/swift/eventspoolFFI.xcframework on macOS (needs Xcode and rustup):
+# the mobile-like release library (`--no-default-features --features ffi`: no collector, no
+# CLI) for iOS devices, the iOS simulator (arm64 + x86_64) and macOS (arm64 + x86_64), each a
+# static library carrying the header and module map that generate.sh wrote to bindings/swift/include.
+#
+#   bash bindings/generate.sh                  # Swift sources + header + module map
+#   bash bindings/swift/build-xcframework.sh   # the XCFramework Package.swift points at
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+if [[ "$(uname -s)" != Darwin ]]; then
+    echo "build-xcframework.sh needs macOS with Xcode (xcodebuild, lipo)" >&2
+    exit 1
+fi
+if [[ ! -f bindings/swift/include/eventspoolFFI.h ]]; then
+    echo "run bindings/generate.sh first: bindings/swift/include is missing" >&2
+    exit 1
+fi
+
+targets=(aarch64-apple-ios aarch64-apple-ios-sim x86_64-apple-ios aarch64-apple-darwin x86_64-apple-darwin)
+rustup target add "${targets[@]}"
+for target in "${targets[@]}"; do
+    cargo build --release --lib --no-default-features --features ffi --target "$target"
+done
+
+out=bindings/swift/build
+rm -rf "$out" bindings/swift/eventspoolFFI.xcframework
+mkdir -p "$out/ios-sim" "$out/macos"
+lipo -create target/aarch64-apple-ios-sim/release/libeventspool.a target/x86_64-apple-ios/release/libeventspool.a \
+    -output "$out/ios-sim/libeventspool.a"
+lipo -create target/aarch64-apple-darwin/release/libeventspool.a target/x86_64-apple-darwin/release/libeventspool.a \
+    -output "$out/macos/libeventspool.a"
+
+headers=bindings/swift/include
+xcodebuild -create-xcframework \
+    -library target/aarch64-apple-ios/release/libeventspool.a -headers "$headers" \
+    -library "$out/ios-sim/libeventspool.a" -headers "$headers" \
+    -library "$out/macos/libeventspool.a" -headers "$headers" \
+    -output bindings/swift/eventspoolFFI.xcframework
+echo "bindings/swift/eventspoolFFI.xcframework is ready; add bindings/swift as a Swift package" >&2

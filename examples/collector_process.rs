@@ -1,0 +1,61 @@
+//! The reference collector as a separate process, for binding suites (Kotlin, Python) that need
+//! a real outage: kill the process and the port refuses connections; start it again on the same
+//! port with the same `--db` and the events it stored still count as stored.
+//!
+//! `collector_process [--listen 127.0.0.1:PORT] [--db PATH]`
+//!
+//! Prints the batch URL on the first stdout line (the real port when PORT is 0), then serves
+//! until stdin closes or the process is killed. `GET /stats` answers
+//! `{"distinct","received","requests"}`.
+
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use eventspool::collector::{CollectorConfig, ReferenceCollector};
+
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("collector_process: {e}");
+        std::process::exit(2);
+    }
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
+    let mut config = CollectorConfig::default();
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        let mut value = |name: &str| args.next().ok_or_else(|| format!("{name} needs a value"));
+        match arg.as_str() {
+            "--listen" => {
+                let text = value("--listen")?;
+                config.listen = text
+                    .parse::<SocketAddr>()
+                    .map_err(|e| format!("--listen '{text}': {e}"))?;
+                if !config.listen.ip().is_loopback() {
+                    return Err(
+                        format!("--listen '{text}': only loopback addresses are served").into(),
+                    );
+                }
+            }
+            "--db" => config.db_path = Some(PathBuf::from(value("--db")?)),
+            other => {
+                return Err(format!(
+                    "unknown argument '{other}' (known: --listen ADDR, --db PATH)"
+                )
+                .into());
+            }
+        }
+    }
+    let collector = ReferenceCollector::start(config)?;
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{}", collector.url())?;
+    out.flush()?;
+    drop(out);
+    // Serve until the parent closes our stdin (or kills us): no orphan outlives its test run.
+    let mut sink = [0u8; 256];
+    let mut stdin = std::io::stdin().lock();
+    while matches!(stdin.read(&mut sink), Ok(n) if n > 0) {}
+    collector.shutdown();
+    Ok(())
+}

@@ -1,0 +1,172 @@
+//! Traits the app implements in Kotlin, Swift or Python, and their adapters onto the core's
+//! [`crate::DeliveryObserver`] and [`crate::Transport`].
+//!
+//! Every method returns `Result` so that an exception thrown in foreign code (of any type)
+//! comes back to Rust as an `Err` instead of a panic; the adapters count or classify it and
+//! delivery goes on.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+
+use super::types::{DeliveryStatus, SpoolNotice};
+use crate::state;
+use crate::transport::{self, MAX_RESPONSE_BYTES, Transport, TransportError};
+
+/// What an observer may throw. Any exception is accepted: an undeclared one arrives as
+/// `Unexpected`. Either way it is logged, counted in `callback_errors`, and ignored.
+#[derive(Debug, thiserror::Error, uniffi::Error)]
+pub enum ObserverError {
+    #[error("observer failed: {reason}")]
+    Failed { reason: String },
+    #[error("observer threw: {reason}")]
+    Unexpected { reason: String },
+}
+
+impl From<uniffi::UnexpectedUniFFICallbackError> for ObserverError {
+    fn from(e: uniffi::UnexpectedUniFFICallbackError) -> Self {
+        ObserverError::Unexpected { reason: e.reason }
+    }
+}
+
+/// Told about every state change and, while a retry is scheduled, once a second with the
+/// countdown. Runs on the SDK's delivery thread: hop to the UI thread yourself, return quickly,
+/// and do not call `shutdown` and wait on it from here.
+#[uniffi::export(foreign)]
+pub trait DeliveryObserver: Send + Sync {
+    fn on_state(&self, status: DeliveryStatus) -> Result<(), ObserverError>;
+    fn on_notice(&self, notice: SpoolNotice) -> Result<(), ObserverError>;
+}
+
+/// Bridges a foreign observer to the core, counting what it throws.
+pub(crate) struct ObserverAdapter {
+    pub observer: Arc<dyn DeliveryObserver>,
+    pub errors: Arc<AtomicU64>,
+}
+
+impl ObserverAdapter {
+    fn check(&self, result: Result<(), ObserverError>) {
+        if let Err(e) = result {
+            self.errors.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!("{e}; ignored");
+        }
+    }
+}
+
+impl state::DeliveryObserver for ObserverAdapter {
+    fn on_state(&self, status: &state::DeliveryStatus) {
+        self.check(self.observer.on_state(status.into()));
+    }
+
+    fn on_notice(&self, notice: &state::Notice) {
+        self.check(self.observer.on_notice(notice.into()));
+    }
+}
+
+/// One HTTP request the SDK wants sent (DESIGN §3: a POST of a gzip or JSON batch).
+#[derive(Clone, Debug, uniffi::Record)]
+pub struct TransportRequest {
+    pub method: String,
+    pub url: String,
+    pub headers: HashMap<String, String>,
+    pub body: Vec<u8>,
+    /// The whole exchange should finish within this; the SDK gives up on it after that anyway.
+    pub timeout_ms: u64,
+}
+
+/// Any HTTP answer, whatever its status: the SDK classifies it (DESIGN §3). Do not follow
+/// redirects and do not retry: the SDK is the only layer that retries.
+#[derive(Clone, Debug, uniffi::Record)]
+pub struct TransportResponse {
+    pub status: u16,
+    #[uniffi(default)]
+    pub headers: HashMap<String, String>,
+    #[uniffi(default)]
+    pub body: Vec<u8>,
+}
+
+/// No HTTP answer came back. Every kind is transient: the batch is retried with the same ids.
+#[derive(Debug, thiserror::Error, uniffi::Error)]
+pub enum HttpTransportError {
+    #[error("could not connect: {reason}")]
+    Connect { reason: String },
+    #[error("timed out")]
+    Timeout,
+    #[error("TLS: {reason}")]
+    Tls { reason: String },
+    #[error("connection failed: {reason}")]
+    Io { reason: String },
+}
+
+impl From<uniffi::UnexpectedUniFFICallbackError> for HttpTransportError {
+    fn from(e: uniffi::UnexpectedUniFFICallbackError) -> Self {
+        HttpTransportError::Io {
+            reason: format!("transport threw: {}", e.reason),
+        }
+    }
+}
+
+impl From<HttpTransportError> for TransportError {
+    fn from(e: HttpTransportError) -> Self {
+        match e {
+            HttpTransportError::Connect { reason } => TransportError::Connect(reason),
+            HttpTransportError::Timeout => TransportError::Timeout,
+            HttpTransportError::Tls { reason } => TransportError::Tls(reason),
+            HttpTransportError::Io { reason } => TransportError::Io(reason),
+        }
+    }
+}
+
+/// The app's own HTTP stack (OkHttp, URLSession, java.net.http, requests...): the platform's
+/// trust store, proxies and pinning. Called on an SDK thread that may block.
+#[uniffi::export(foreign)]
+pub trait HttpTransport: Send + Sync {
+    fn send(&self, request: TransportRequest) -> Result<TransportResponse, HttpTransportError>;
+}
+
+/// Runs the foreign call on tokio's blocking pool so the delivery worker's own thread stays free
+/// for timers and the attempt timeout.
+pub(crate) struct TransportAdapter(pub Arc<dyn HttpTransport>);
+
+impl Transport for TransportAdapter {
+    fn send(
+        &self,
+        request: transport::HttpRequest,
+    ) -> BoxFuture<'static, Result<transport::HttpResponse, TransportError>> {
+        let foreign = self.0.clone();
+        Box::pin(async move {
+            let call = TransportRequest {
+                method: request.method,
+                url: request.url,
+                headers: request.headers.into_iter().collect(),
+                body: request.body,
+                timeout_ms: duration_ms(request.timeout),
+            };
+            let joined = tokio::task::spawn_blocking(move || {
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| foreign.send(call)))
+            })
+            .await;
+            match joined {
+                Ok(Ok(Ok(mut response))) => {
+                    response.body.truncate(MAX_RESPONSE_BYTES);
+                    Ok(transport::HttpResponse {
+                        status: response.status,
+                        headers: response.headers.into_iter().collect(),
+                        body: response.body,
+                    })
+                }
+                Ok(Ok(Err(e))) => Err(e.into()),
+                Ok(Err(_)) | Err(_) => Err(TransportError::Io(
+                    "the app's HTTP transport panicked".into(),
+                )),
+            }
+        })
+    }
+}
+
+fn duration_ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}

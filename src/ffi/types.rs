@@ -1,0 +1,263 @@
+//! The records and enums apps see through UniFFI, and their conversions from the core types.
+//! Plain data only: every field is something a Kotlin, Swift or Python UI can render directly.
+
+use std::collections::HashMap;
+
+use crate::classify::Failure;
+use crate::quarantine;
+use crate::state::{self, PauseReason as CorePauseReason};
+use crate::stats::Stats;
+
+/// Why the last attempt failed: the HTTP status when there was one, and a short text that
+/// never holds the API key or an event payload.
+#[derive(Clone, Debug, PartialEq, Eq, uniffi::Record)]
+pub struct AttemptFailure {
+    pub status: Option<u16>,
+    pub message: String,
+}
+
+impl From<&Failure> for AttemptFailure {
+    fn from(f: &Failure) -> Self {
+        AttemptFailure {
+            status: f.status,
+            message: f.message.clone(),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, uniffi::Enum)]
+pub enum PauseReason {
+    /// 401/403: the credentials were refused; `set_api_key` or `resume` continues.
+    Auth,
+    /// Another 4xx or a 3xx: the endpoint is wrong; `resume` continues.
+    Config,
+}
+
+/// DESIGN §5, as a UI renders it.
+#[derive(Clone, Debug, PartialEq, Eq, uniffi::Enum)]
+pub enum DeliveryState {
+    Idle,
+    Sending,
+    /// "attempt {attempt} of {max_attempts} — next try in {retry_in_ms / 1000} s".
+    RetryScheduled {
+        attempt: u32,
+        max_attempts: u32,
+        /// Wall-clock estimate (Unix ms) of the next try, for display.
+        next_retry_at_ms: i64,
+        /// Milliseconds left when this value was made.
+        retry_in_ms: u64,
+        last_error: AttemptFailure,
+    },
+    /// The automatic budget is spent: show "Retry now" (`retry_now`) and "Back" (`dismiss`).
+    WaitingForUser {
+        attempts: u32,
+        last_error: AttemptFailure,
+    },
+    Offline,
+    Paused {
+        reason: PauseReason,
+        last_error: AttemptFailure,
+    },
+    Disabled,
+}
+
+/// The state plus how many events are not delivered yet.
+#[derive(Clone, Debug, PartialEq, Eq, uniffi::Record)]
+pub struct DeliveryStatus {
+    pub state: DeliveryState,
+    pub pending: u64,
+    /// The seed UI's sentence, for logs or a quick status line.
+    pub summary: String,
+}
+
+impl From<&state::DeliveryStatus> for DeliveryStatus {
+    fn from(s: &state::DeliveryStatus) -> Self {
+        use state::DeliveryState as S;
+        let state = match &s.state {
+            S::Idle => DeliveryState::Idle,
+            S::Sending => DeliveryState::Sending,
+            S::RetryScheduled {
+                attempt,
+                max_attempts,
+                next_retry_at_ms,
+                retry_in_ms,
+                last_error,
+            } => DeliveryState::RetryScheduled {
+                attempt: *attempt,
+                max_attempts: *max_attempts,
+                next_retry_at_ms: *next_retry_at_ms,
+                retry_in_ms: *retry_in_ms,
+                last_error: last_error.into(),
+            },
+            S::WaitingForUser {
+                attempts,
+                last_error,
+            } => DeliveryState::WaitingForUser {
+                attempts: *attempts,
+                last_error: last_error.into(),
+            },
+            S::Offline => DeliveryState::Offline,
+            S::Paused { reason, last_error } => DeliveryState::Paused {
+                reason: match reason {
+                    CorePauseReason::Auth => PauseReason::Auth,
+                    CorePauseReason::Config => PauseReason::Config,
+                },
+                last_error: last_error.into(),
+            },
+            S::Disabled => DeliveryState::Disabled,
+        };
+        DeliveryStatus {
+            state,
+            pending: s.pending,
+            summary: s.to_string(),
+        }
+    }
+}
+
+/// Things beside the state machine an app may log or surface.
+#[derive(Clone, Debug, PartialEq, Eq, uniffi::Enum)]
+pub enum SpoolNotice {
+    /// The store file was unusable, moved aside to `moved_to`, and a fresh one made.
+    StoreRecovered { moved_to: String, reason: String },
+    /// The store cannot take events now (disk full, read-only); they stay in memory.
+    StoreUnavailable { reason: String },
+    /// A background task panicked and was restarted; delivery goes on.
+    InternalProblem { message: String },
+}
+
+impl From<&state::Notice> for SpoolNotice {
+    fn from(n: &state::Notice) -> Self {
+        match n {
+            state::Notice::StoreRecovered { moved_to, reason } => SpoolNotice::StoreRecovered {
+                moved_to: moved_to.clone(),
+                reason: reason.clone(),
+            },
+            state::Notice::StoreUnavailable { reason } => SpoolNotice::StoreUnavailable {
+                reason: reason.clone(),
+            },
+            state::Notice::InternalError { message } => SpoolNotice::InternalProblem {
+                message: message.clone(),
+            },
+        }
+    }
+}
+
+/// Where every event went. The ledger `tracked + restored + redriven = delivered + quarantined +
+/// dropped (queue reasons) + pending` holds; `callback_errors` counts exceptions thrown by the
+/// app's observers, which are contained and never stop delivery.
+#[derive(Clone, Debug, PartialEq, Eq, uniffi::Record)]
+pub struct SpoolStats {
+    pub tracked: u64,
+    pub restored: u64,
+    pub redriven: u64,
+    pub delivered: u64,
+    pub quarantined: u64,
+    /// By reason: `memory_overflow`, `disk_cap`, `expired`, `purged`, `quarantine_cap`, `quarantine_expired`.
+    pub dropped: HashMap<String, u64>,
+    pub pending: u64,
+    pub pending_memory: u64,
+    pub pending_disk: u64,
+    /// Events in quarantine now, by reason (`rejected`, `bad_request`, `too_large`).
+    pub quarantine: HashMap<String, u64>,
+    pub store_bytes: u64,
+    pub requests: u64,
+    pub batches_delivered: u64,
+    pub store_errors: u64,
+    pub stores_recovered: u64,
+    pub panics: u64,
+    pub callback_errors: u64,
+}
+
+impl SpoolStats {
+    pub(crate) fn from_core(s: Stats, callback_errors: u64) -> Self {
+        SpoolStats {
+            tracked: s.tracked,
+            restored: s.restored,
+            redriven: s.redriven,
+            delivered: s.delivered,
+            quarantined: s.quarantined,
+            dropped: s.dropped.into_iter().collect(),
+            pending: s.pending,
+            pending_memory: s.pending_memory,
+            pending_disk: s.pending_disk,
+            quarantine: s.quarantine.into_iter().collect(),
+            store_bytes: s.store_bytes,
+            requests: s.requests,
+            batches_delivered: s.batches_delivered,
+            store_errors: s.store_errors,
+            stores_recovered: s.stores_recovered,
+            panics: s.panics,
+            callback_errors,
+        }
+    }
+}
+
+/// An event with every optional field the caller may set (idempotent producers pass their own
+/// `event_id`, importers a historical `timestamp`).
+#[derive(Clone, Debug, uniffi::Record)]
+pub struct NewEvent {
+    pub name: String,
+    /// A JSON object, as text.
+    #[uniffi(default = "{}")]
+    pub properties_json: String,
+    /// A UUID; made at `track` when absent.
+    #[uniffi(default)]
+    pub event_id: Option<String>,
+    /// RFC 3339; now when absent.
+    #[uniffi(default)]
+    pub timestamp: Option<String>,
+    #[uniffi(default)]
+    pub session_id: Option<String>,
+}
+
+/// An event the collector refused for good.
+#[derive(Clone, Debug, PartialEq, Eq, uniffi::Record)]
+pub struct QuarantinedEvent {
+    pub event_id: String,
+    /// The event's own timestamp, Unix ms.
+    pub ts_ms: i64,
+    /// The event's wire JSON.
+    pub body: String,
+    /// `rejected`, `bad_request` or `too_large`.
+    pub reason: String,
+    /// The collector's words (at most 1 KiB).
+    pub detail: String,
+    pub status: Option<u16>,
+    pub attempts: u32,
+    pub first_failed_ms: i64,
+    pub last_failed_ms: i64,
+}
+
+impl From<quarantine::QuarantinedEvent> for QuarantinedEvent {
+    fn from(q: quarantine::QuarantinedEvent) -> Self {
+        QuarantinedEvent {
+            event_id: q.event_id,
+            ts_ms: q.ts_ms,
+            body: q.body,
+            reason: q.reason,
+            detail: q.detail,
+            status: q.status,
+            attempts: q.attempts,
+            first_failed_ms: q.first_failed_ms,
+            last_failed_ms: q.last_failed_ms,
+        }
+    }
+}
+
+/// Which quarantined events a redrive or purge applies to.
+#[derive(Clone, Debug, PartialEq, Eq, uniffi::Enum)]
+pub enum QuarantineSelector {
+    Ids { ids: Vec<String> },
+    Reason { reason: String },
+    All,
+}
+
+impl From<QuarantineSelector> for quarantine::Selector {
+    fn from(s: QuarantineSelector) -> Self {
+        match s {
+            QuarantineSelector::Ids { ids } => quarantine::Selector::Ids(ids),
+            QuarantineSelector::Reason { reason } => quarantine::Selector::Reason(reason),
+            QuarantineSelector::All => quarantine::Selector::All,
+        }
+    }
+}

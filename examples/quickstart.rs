@@ -21,7 +21,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let tracked = 5_000u64;
     let started = Instant::now();
     for i in 0..tracked {
-        spool.track("screen_view", json!({"screen": format!("screen-{}", i % 12), "i": i}))?;
+        spool.track(
+            "screen_view",
+            json!({"screen": format!("screen-{}", i % 12), "i": i}),
+        )?;
     }
     let stats = spool.stats();
     eprintln!(
@@ -52,7 +55,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                "pending": stats.pending, "dropped": stats.dropped})
     );
     if stats.delivered != tracked || distinct != tracked {
-        return Err(format!("expected {tracked} delivered and distinct, got {} and {distinct}", stats.delivered).into());
+        return Err(format!(
+            "expected {tracked} delivered and distinct, got {} and {distinct}",
+            stats.delivered
+        )
+        .into());
     }
     Ok(())
 }

@@ -39,7 +39,9 @@ impl MemoryBuffer {
         self.queued.insert(event.key(), event);
         let mut overflow = Overflow::default();
         while self.queued.len() > capacity {
-            let Some((_, oldest)) = self.queued.pop_first() else { break };
+            let Some((_, oldest)) = self.queued.pop_first() else {
+                break;
+            };
             if spill_enabled {
                 overflow.spill_started |= self.spill.is_empty();
                 self.spill.push(oldest);
@@ -71,10 +73,6 @@ impl MemoryBuffer {
     pub fn return_spill(&mut self, mut events: Vec<QueuedEvent>) {
         events.append(&mut self.spill);
         self.spill = events;
-    }
-
-    pub fn spill_len(&self) -> usize {
-        self.spill.len()
     }
 
     /// Everything not yet in the store, for `persist()`: the queue and spill are moved out
@@ -167,16 +165,13 @@ impl MemoryBuffer {
         n as u64
     }
 
+    #[cfg(test)]
     pub fn queued_len(&self) -> usize {
         self.queued.len()
     }
 
     pub fn len(&self) -> usize {
         self.queued.len() + self.spill.len() + self.in_flight.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 
@@ -186,7 +181,12 @@ mod tests {
     use crate::event::EventId;
 
     fn ev(ts: i64, seq: u64) -> QueuedEvent {
-        QueuedEvent { ts_ms: ts, seq, id: EventId::new(), json: "{}".into() }
+        QueuedEvent {
+            ts_ms: ts,
+            seq,
+            id: EventId::new(),
+            json: "{}".into(),
+        }
     }
 
     #[test]
@@ -196,7 +196,10 @@ mod tests {
             b.push(ev(ts, seq), 3, true);
         }
         let spilled = b.take_spill();
-        assert_eq!(spilled.iter().map(QueuedEvent::key).collect::<Vec<_>>(), [(10, 2)]);
+        assert_eq!(
+            spilled.iter().map(QueuedEvent::key).collect::<Vec<_>>(),
+            [(10, 2)]
+        );
         let order: Vec<_> = b.peek(10).map(QueuedEvent::key).collect();
         assert_eq!(order, [(10, 4), (20, 3), (30, 1)]);
     }
@@ -204,7 +207,9 @@ mod tests {
     #[test]
     fn memory_only_overflow_is_counted() {
         let mut b = MemoryBuffer::default();
-        let dropped: u64 = (0..10).map(|i| b.push(ev(i, i as u64), 4, false).dropped).sum();
+        let dropped: u64 = (0..10)
+            .map(|i| b.push(ev(i, i as u64), 4, false).dropped)
+            .sum();
         assert_eq!(dropped, 6);
         assert_eq!(b.len(), 4);
     }
@@ -219,10 +224,22 @@ mod tests {
         assert_eq!(leased.len(), 2);
         assert_eq!(b.queued_len(), 2);
         let (moved, copies) = b.take_for_persist();
-        assert_eq!((moved.len(), copies.len()), (2, 2), "queued two plus in-flight two");
-        assert_eq!(b.acknowledge(&[0]), vec![0], "persisted in-flight events must be deleted from the store");
+        assert_eq!(
+            (moved.len(), copies.len()),
+            (2, 2),
+            "queued two plus in-flight two"
+        );
+        assert_eq!(
+            b.acknowledge(&[0]),
+            vec![0],
+            "persisted in-flight events must be deleted from the store"
+        );
         b.release(&[1]);
-        assert_eq!(b.queued_len(), 0, "a persisted event is not returned to memory");
+        assert_eq!(
+            b.queued_len(),
+            0,
+            "a persisted event is not returned to memory"
+        );
     }
 
     #[test]

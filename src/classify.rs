@@ -19,9 +19,16 @@ pub enum Outcome {
     Partial { rejected: Vec<Rejection> },
     /// 400/422 (`too_large` false) or 413 (`too_large` true): something in the batch is bad.
     /// More than one event: split in halves and resend; one event: quarantine it.
-    Poisoned { status: u16, too_large: bool, detail: String },
+    Poisoned {
+        status: u16,
+        too_large: bool,
+        detail: String,
+    },
     /// 408, 425, 429, 5xx, or no response at all: try again later with the same ids.
-    Transient { failure: Failure, retry_after_ms: Option<u64> },
+    Transient {
+        failure: Failure,
+        retry_after_ms: Option<u64>,
+    },
     /// 401/403: stop until the app sets new credentials or resumes.
     Auth { failure: Failure },
     /// Any other 4xx, and 3xx (redirects are not followed): the endpoint is wrong; stop.
@@ -64,16 +71,24 @@ pub fn classify(result: &Result<HttpResponse, TransportError>, now: SystemTime) 
         Ok(response) => response,
         Err(error) => {
             return Outcome::Transient {
-                failure: Failure { status: None, message: error.to_string() },
+                failure: Failure {
+                    status: None,
+                    message: error.to_string(),
+                },
                 retry_after_ms: None,
             };
         }
     };
     let status = response.status;
-    let failure = || Failure { status: Some(status), message: body_excerpt(&response.body) };
+    let failure = || Failure {
+        status: Some(status),
+        message: body_excerpt(&response.body),
+    };
     match status {
         200..=299 => match serde_json::from_slice::<PartialBody>(&response.body) {
-            Ok(body) if !body.rejected.is_empty() => Outcome::Partial { rejected: body.rejected },
+            Ok(body) if !body.rejected.is_empty() => Outcome::Partial {
+                rejected: body.rejected,
+            },
             _ => Outcome::Delivered,
         },
         400 | 422 | 413 => Outcome::Poisoned {
@@ -83,7 +98,9 @@ pub fn classify(result: &Result<HttpResponse, TransportError>, now: SystemTime) 
         },
         408 | 425 | 429 | 500..=599 => Outcome::Transient {
             failure: failure(),
-            retry_after_ms: response.header("retry-after").and_then(|v| parse_retry_after(v, now)),
+            retry_after_ms: response
+                .header("retry-after")
+                .and_then(|v| parse_retry_after(v, now)),
         },
         401 | 403 => Outcome::Auth { failure: failure() },
         _ => Outcome::Config { failure: failure() },
@@ -103,7 +120,10 @@ mod tests {
     fn answer(status: u16, body: &str, headers: &[(&str, &str)]) -> Outcome {
         let response = HttpResponse {
             status,
-            headers: headers.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            headers: headers
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
             body: body.as_bytes().to_vec(),
         };
         classify(&Ok(response), SystemTime::now())
@@ -114,25 +134,53 @@ mod tests {
         assert_eq!(answer(200, "", &[]), Outcome::Delivered);
         assert_eq!(answer(204, "{\"accepted\":3}", &[]), Outcome::Delivered);
         assert_eq!(answer(200, "not json", &[]), Outcome::Delivered);
-        match answer(200, r#"{"rejected":[{"event_id":"a","reason":"bad name"}]}"#, &[]) {
+        match answer(
+            200,
+            r#"{"rejected":[{"event_id":"a","reason":"bad name"}]}"#,
+            &[],
+        ) {
             Outcome::Partial { rejected } => assert_eq!(rejected[0].reason, "bad name"),
             other => panic!("{other:?}"),
         }
         for status in [400, 422] {
-            assert!(matches!(answer(status, "", &[]), Outcome::Poisoned { too_large: false, .. }));
+            assert!(matches!(
+                answer(status, "", &[]),
+                Outcome::Poisoned {
+                    too_large: false,
+                    ..
+                }
+            ));
         }
-        assert!(matches!(answer(413, "", &[]), Outcome::Poisoned { too_large: true, .. }));
+        assert!(matches!(
+            answer(413, "", &[]),
+            Outcome::Poisoned {
+                too_large: true,
+                ..
+            }
+        ));
         for status in [408, 425, 429, 500, 502, 503, 504, 599] {
-            assert!(matches!(answer(status, "", &[]), Outcome::Transient { .. }), "{status}");
+            assert!(
+                matches!(answer(status, "", &[]), Outcome::Transient { .. }),
+                "{status}"
+            );
         }
         for status in [401, 403] {
             assert!(matches!(answer(status, "", &[]), Outcome::Auth { .. }));
         }
         for status in [301, 302, 307, 404, 405, 409, 410] {
-            assert!(matches!(answer(status, "", &[]), Outcome::Config { .. }), "{status}");
+            assert!(
+                matches!(answer(status, "", &[]), Outcome::Config { .. }),
+                "{status}"
+            );
         }
-        for error in [TransportError::Timeout, TransportError::Connect("refused".into())] {
-            assert!(matches!(classify(&Err(error), SystemTime::now()), Outcome::Transient { .. }));
+        for error in [
+            TransportError::Timeout,
+            TransportError::Connect("refused".into()),
+        ] {
+            assert!(matches!(
+                classify(&Err(error), SystemTime::now()),
+                Outcome::Transient { .. }
+            ));
         }
     }
 

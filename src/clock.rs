@@ -28,7 +28,9 @@ pub struct SystemClock {
 
 impl SystemClock {
     pub fn new() -> SystemClock {
-        SystemClock { origin: Instant::now() }
+        SystemClock {
+            origin: Instant::now(),
+        }
     }
 }
 
@@ -44,11 +46,15 @@ impl Clock for SystemClock {
     }
 
     fn wall_ms(&self) -> i64 {
-        SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as i64)
+            .unwrap_or(0)
     }
 
     fn sleep_until(&self, deadline_ms: u64) -> Sleep {
-        let deadline = tokio::time::Instant::from_std(self.origin + Duration::from_millis(deadline_ms));
+        let deadline =
+            tokio::time::Instant::from_std(self.origin + Duration::from_millis(deadline_ms));
         Box::pin(tokio::time::sleep_until(deadline))
     }
 }
@@ -60,6 +66,7 @@ pub struct ManualClock {
     inner: Mutex<ManualState>,
     changed: Notify,
     sleepers: AtomicUsize,
+    parks: AtomicUsize,
 }
 
 struct ManualState {
@@ -72,9 +79,14 @@ impl ManualClock {
     /// Starts at monotonic 0 and the given wall time.
     pub fn new(wall_start_ms: i64) -> ManualClock {
         ManualClock {
-            inner: Mutex::new(ManualState { now_ms: 0, wall_offset_ms: wall_start_ms, auto_advance: false }),
+            inner: Mutex::new(ManualState {
+                now_ms: 0,
+                wall_offset_ms: wall_start_ms,
+                auto_advance: false,
+            }),
             changed: Notify::new(),
             sleepers: AtomicUsize::new(0),
+            parks: AtomicUsize::new(0),
         }
     }
 
@@ -111,16 +123,24 @@ impl ManualClock {
         self.sleepers.load(Ordering::SeqCst)
     }
 
-    /// Waits (real time, bounded) until at least one sleeper is parked, then advances.
-    pub fn advance_when_parked(&self, by: Duration, real_timeout: Duration) -> bool {
+    /// How many times a sleeper has parked so far: a test that advances the clock waits for this
+    /// to grow, so it knows the worker has reacted to the last step before taking the next.
+    pub fn parks(&self) -> usize {
+        self.parks.load(Ordering::SeqCst)
+    }
+
+    /// Advances, then waits (real time, bounded) until a sleeper parks again or `settled()`
+    /// holds; returns false on timeout.
+    pub fn step(&self, by: Duration, real_timeout: Duration, settled: impl Fn() -> bool) -> bool {
+        let before = self.parks();
+        self.advance(by);
         let start = Instant::now();
-        while self.sleepers() == 0 {
+        while self.parks() == before && !settled() {
             if start.elapsed() > real_timeout {
                 return false;
             }
             std::thread::sleep(Duration::from_millis(1));
         }
-        self.advance(by);
         true
     }
 }
@@ -147,6 +167,7 @@ impl Clock for std::sync::Arc<ManualClock> {
             }
             clock.sleepers.fetch_add(1, Ordering::SeqCst);
             let _parked = SleeperGuard(&clock.sleepers);
+            let mut counted = false;
             loop {
                 let notified = clock.changed.notified();
                 tokio::pin!(notified);
@@ -160,6 +181,10 @@ impl Clock for std::sync::Arc<ManualClock> {
                         s.now_ms = deadline_ms;
                         return;
                     }
+                }
+                if !counted {
+                    counted = true;
+                    clock.parks.fetch_add(1, Ordering::SeqCst);
                 }
                 notified.await;
             }

@@ -153,27 +153,45 @@ impl Config {
                 self.compression = match value {
                     "none" => Compression::None,
                     "gzip" => Compression::Gzip,
-                    _ => return Err(ConfigError::new(name, format!("'{value}' is not one of: none, gzip"))),
+                    _ => {
+                        return Err(ConfigError::new(
+                            name,
+                            format!("'{value}' is not one of: none, gzip"),
+                        ));
+                    }
                 }
             }
             "durability" => {
                 self.durability = match value {
                     "spill" => Durability::Spill,
                     "always" => Durability::Always,
-                    _ => return Err(ConfigError::new(name, format!("'{value}' is not one of: spill, always"))),
+                    _ => {
+                        return Err(ConfigError::new(
+                            name,
+                            format!("'{value}' is not one of: spill, always"),
+                        ));
+                    }
                 }
             }
             "allow_insecure_http" => {
                 self.allow_insecure_http = match value {
                     "true" | "1" | "yes" => true,
                     "false" | "0" | "no" => false,
-                    _ => return Err(ConfigError::new(name, format!("'{value}' is not true or false"))),
+                    _ => {
+                        return Err(ConfigError::new(
+                            name,
+                            format!("'{value}' is not true or false"),
+                        ));
+                    }
                 }
             }
             _ => {
                 return Err(ConfigError::new(
                     name,
-                    format!("unknown setting; known settings: {}", CONFIG_NAMES.join(", ")),
+                    format!(
+                        "unknown setting; known settings: {}",
+                        CONFIG_NAMES.join(", ")
+                    ),
                 ));
             }
         }
@@ -205,7 +223,10 @@ impl Config {
         if self.backoff_cap_ms < self.backoff_base_ms {
             return Err(ConfigError::new(
                 "backoff_cap_ms",
-                format!("{} is below backoff_base_ms ({})", self.backoff_cap_ms, self.backoff_base_ms),
+                format!(
+                    "{} is below backoff_base_ms ({})",
+                    self.backoff_cap_ms, self.backoff_base_ms
+                ),
             ));
         }
         if self.max_batch_bytes < self.max_event_bytes + BATCH_OVERHEAD_BYTES {
@@ -230,7 +251,10 @@ impl Config {
         if let Some(key) = &self.api_key
             && (key.is_empty() || key.chars().any(|c| c.is_control()))
         {
-            return Err(ConfigError::new("api_key", "must be non-empty and contain no control characters"));
+            return Err(ConfigError::new(
+                "api_key",
+                "must be non-empty and contain no control characters",
+            ));
         }
         Ok(())
     }
@@ -260,16 +284,24 @@ fn validate_endpoint(endpoint: &str, allow_insecure_http: bool) -> Result<(), Co
         "http" if allow_insecure_http || is_loopback(host) => Ok(()),
         "http" => Err(ConfigError::new(
             "endpoint",
-            format!("plain http to non-loopback host '{host}' is refused; use https or set allow_insecure_http"),
+            format!(
+                "plain http to non-loopback host '{host}' is refused; use https or set allow_insecure_http"
+            ),
         )),
-        other => Err(ConfigError::new("endpoint", format!("scheme '{other}' is not http or https"))),
+        other => Err(ConfigError::new(
+            "endpoint",
+            format!("scheme '{other}' is not http or https"),
+        )),
     }
 }
 
 fn is_loopback(host: &str) -> bool {
     let bare = host.trim_start_matches('[').trim_end_matches(']');
     bare.eq_ignore_ascii_case("localhost")
-        || bare.parse::<std::net::IpAddr>().map(|ip| ip.is_loopback()).unwrap_or(false)
+        || bare
+            .parse::<std::net::IpAddr>()
+            .map(|ip| ip.is_loopback())
+            .unwrap_or(false)
 }
 
 #[cfg(test)]
@@ -312,15 +344,26 @@ mod tests {
         let e = c.set("no_such_thing", "1").unwrap_err();
         assert!(e.to_string().contains("no_such_thing"), "{e}");
         c.memory_capacity = 0;
-        assert!(c.validate().unwrap_err().to_string().contains("memory_capacity"));
+        assert!(
+            c.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("memory_capacity")
+        );
     }
 
     #[test]
     fn plain_http_only_to_loopback() {
-        for ok in ["http://127.0.0.1:9/x", "http://localhost/x", "http://[::1]:8/x"] {
+        for ok in [
+            "http://127.0.0.1:9/x",
+            "http://localhost/x",
+            "http://[::1]:8/x",
+        ] {
             Config::new(ok).validate().unwrap();
         }
-        let e = Config::new("http://collector.example/x").validate().unwrap_err();
+        let e = Config::new("http://collector.example/x")
+            .validate()
+            .unwrap_err();
         assert!(e.to_string().contains("endpoint"), "{e}");
         let mut c = Config::new("http://collector.example/x");
         c.allow_insecure_http = true;
@@ -334,6 +377,11 @@ mod tests {
         let mut c = Config::new("https://x.example");
         c.db_path = Some("/tmp/x".into());
         c.max_disk_bytes = 1000;
-        assert!(c.validate().unwrap_err().to_string().contains("max_disk_bytes"));
+        assert!(
+            c.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("max_disk_bytes")
+        );
     }
 }

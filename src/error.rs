@@ -12,7 +12,10 @@ pub struct ConfigError {
 
 impl ConfigError {
     pub fn new(field: &str, reason: impl Into<String>) -> ConfigError {
-        ConfigError { field: field.to_string(), reason: reason.into() }
+        ConfigError {
+            field: field.to_string(),
+            reason: reason.into(),
+        }
     }
 }
 

@@ -23,9 +23,9 @@ impl EventId {
     }
 
     pub fn parse(text: &str) -> Result<EventId> {
-        Uuid::try_parse(text)
-            .map(EventId)
-            .map_err(|_| Error::InvalidEvent(format!("event_id '{}' is not a UUID", truncate(text, 64))))
+        Uuid::try_parse(text).map(EventId).map_err(|_| {
+            Error::InvalidEvent(format!("event_id '{}' is not a UUID", truncate(text, 64)))
+        })
     }
 }
 
@@ -55,7 +55,11 @@ pub struct NewEvent {
 
 impl NewEvent {
     pub fn new(name: impl Into<String>, properties: Value) -> NewEvent {
-        NewEvent { name: name.into(), properties, ..NewEvent::default() }
+        NewEvent {
+            name: name.into(),
+            properties,
+            ..NewEvent::default()
+        }
     }
 }
 
@@ -93,7 +97,12 @@ struct WireEvent<'a> {
 }
 
 /// Validates an event and renders its wire form; `now_ms` is the wall clock for a missing timestamp.
-pub fn prepare(event: &NewEvent, now_ms: i64, seq: u64, max_event_bytes: u64) -> Result<QueuedEvent> {
+pub fn prepare(
+    event: &NewEvent,
+    now_ms: i64,
+    seq: u64,
+    max_event_bytes: u64,
+) -> Result<QueuedEvent> {
     if event.name.is_empty() {
         return Err(Error::InvalidEvent("name is empty".into()));
     }
@@ -133,18 +142,32 @@ pub fn prepare(event: &NewEvent, now_ms: i64, seq: u64, max_event_bytes: u64) ->
         session_id: event.session_id.as_deref(),
         properties,
     };
-    let json = serde_json::to_string(&wire).map_err(|e| Error::InvalidEvent(format!("cannot serialize: {e}")))?;
+    let json = serde_json::to_string(&wire)
+        .map_err(|e| Error::InvalidEvent(format!("cannot serialize: {e}")))?;
     if json.len() as u64 > max_event_bytes {
-        return Err(Error::EventTooLarge { size: json.len() as u64, limit: max_event_bytes });
+        return Err(Error::EventTooLarge {
+            size: json.len() as u64,
+            limit: max_event_bytes,
+        });
     }
-    Ok(QueuedEvent { ts_ms, seq, id, json: json.into_boxed_str() })
+    Ok(QueuedEvent {
+        ts_ms,
+        seq,
+        id,
+        json: json.into_boxed_str(),
+    })
 }
 
 /// Parses RFC 3339 (any offset) into UTC milliseconds.
 pub fn parse_timestamp(text: &str) -> Result<i64> {
     DateTime::parse_from_rfc3339(text)
         .map(|t| t.timestamp_millis())
-        .map_err(|e| Error::InvalidEvent(format!("timestamp '{}' is not RFC 3339: {e}", truncate(text, 64))))
+        .map_err(|e| {
+            Error::InvalidEvent(format!(
+                "timestamp '{}' is not RFC 3339: {e}",
+                truncate(text, 64)
+            ))
+        })
 }
 
 /// RFC 3339 UTC with millisecond precision, the one timestamp format on the wire.
@@ -200,11 +223,26 @@ mod tests {
     fn bad_input_is_refused_with_a_reason() {
         let cases = [
             (NewEvent::new("", json!({})), "name is empty"),
-            (NewEvent::new("x".repeat(257), json!({})), "name is 257 bytes"),
+            (
+                NewEvent::new("x".repeat(257), json!({})),
+                "name is 257 bytes",
+            ),
             (NewEvent::new("a", json!([1])), "an array"),
             (NewEvent::new("a", json!(3)), "a number"),
-            (NewEvent { event_id: Some("nope".into()), ..NewEvent::new("a", json!({})) }, "not a UUID"),
-            (NewEvent { timestamp: Some("yesterday".into()), ..NewEvent::new("a", json!({})) }, "RFC 3339"),
+            (
+                NewEvent {
+                    event_id: Some("nope".into()),
+                    ..NewEvent::new("a", json!({}))
+                },
+                "not a UUID",
+            ),
+            (
+                NewEvent {
+                    timestamp: Some("yesterday".into()),
+                    ..NewEvent::new("a", json!({}))
+                },
+                "RFC 3339",
+            ),
         ];
         for (event, expected) in cases {
             let e = prep(&event).unwrap_err().to_string();
@@ -214,15 +252,28 @@ mod tests {
 
     #[test]
     fn oversized_event_names_size_and_limit() {
-        let e = prepare(&NewEvent::new("a", json!({"x": "y".repeat(500)})), 0, 1, 300).unwrap_err();
+        let e = prepare(
+            &NewEvent::new("a", json!({"x": "y".repeat(500)})),
+            0,
+            1,
+            300,
+        )
+        .unwrap_err();
         let text = e.to_string();
-        assert!(text.contains("300") && text.contains("max_event_bytes"), "{text}");
+        assert!(
+            text.contains("300") && text.contains("max_event_bytes"),
+            "{text}"
+        );
     }
 
     #[test]
     fn explicit_event_id_is_kept() {
         let id = "0193a0b2-7c4e-7000-8000-000000000001";
-        let q = prep(&NewEvent { event_id: Some(id.into()), ..NewEvent::new("a", json!({})) }).unwrap();
+        let q = prep(&NewEvent {
+            event_id: Some(id.into()),
+            ..NewEvent::new("a", json!({}))
+        })
+        .unwrap();
         assert_eq!(q.id.to_string(), id);
     }
 }

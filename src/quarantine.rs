@@ -34,7 +34,14 @@ pub struct QuarantinedEvent {
 }
 
 impl QuarantinedEvent {
-    pub fn new(event: &QueuedEvent, reason: &str, detail: String, status: Option<u16>, attempts: u32, now_ms: i64) -> Self {
+    pub fn new(
+        event: &QueuedEvent,
+        reason: &str,
+        detail: String,
+        status: Option<u16>,
+        attempts: u32,
+        now_ms: i64,
+    ) -> Self {
         QuarantinedEvent {
             event_id: event.id.to_string(),
             ts_ms: event.ts_ms,
@@ -94,9 +101,17 @@ pub struct MemoryQuarantine {
 }
 
 impl MemoryQuarantine {
-    pub fn add(&mut self, events: Vec<QuarantinedEvent>, max_events: u64, retention_cutoff_ms: i64) -> Evicted {
+    pub fn add(
+        &mut self,
+        events: Vec<QuarantinedEvent>,
+        max_events: u64,
+        retention_cutoff_ms: i64,
+    ) -> Evicted {
         for mut event in events {
-            if let Some((&key, _)) = self.entries.iter().find(|(_, e)| e.event_id == event.event_id)
+            if let Some((&key, _)) = self
+                .entries
+                .iter()
+                .find(|(_, e)| e.event_id == event.event_id)
                 && let Some(old) = self.entries.remove(&key)
             {
                 event.first_failed_ms = old.first_failed_ms;
@@ -110,7 +125,8 @@ impl MemoryQuarantine {
 
     pub fn enforce(&mut self, max_events: u64, retention_cutoff_ms: i64) -> Evicted {
         let before = self.entries.len();
-        self.entries.retain(|_, e| e.last_failed_ms >= retention_cutoff_ms);
+        self.entries
+            .retain(|_, e| e.last_failed_ms >= retention_cutoff_ms);
         let expired = (before - self.entries.len()) as u64;
         let mut cap = 0;
         while self.entries.len() as u64 > max_events {
@@ -121,7 +137,11 @@ impl MemoryQuarantine {
     }
 
     pub fn list(&self, filter: &ListFilter) -> Vec<QuarantinedEvent> {
-        let limit = if filter.limit == 0 { usize::MAX } else { filter.limit as usize };
+        let limit = if filter.limit == 0 {
+            usize::MAX
+        } else {
+            filter.limit as usize
+        };
         self.entries
             .values()
             .filter(|e| filter.reason.as_ref().is_none_or(|r| &e.reason == r))
@@ -132,12 +152,20 @@ impl MemoryQuarantine {
     }
 
     pub fn get(&self, event_id: &str) -> Option<QuarantinedEvent> {
-        self.entries.values().find(|e| e.event_id == event_id).cloned()
+        self.entries
+            .values()
+            .find(|e| e.event_id == event_id)
+            .cloned()
     }
 
     /// Removes and returns the selected events (for redrive or purge).
     pub fn take(&mut self, selector: &Selector) -> Vec<QuarantinedEvent> {
-        let keys: Vec<u64> = self.entries.iter().filter(|(_, e)| selector.matches(e)).map(|(k, _)| *k).collect();
+        let keys: Vec<u64> = self
+            .entries
+            .iter()
+            .filter(|(_, e)| selector.matches(e))
+            .map(|(k, _)| *k)
+            .collect();
         keys.iter().filter_map(|k| self.entries.remove(k)).collect()
     }
 

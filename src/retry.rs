@@ -8,7 +8,7 @@ use std::time::SystemTime;
 /// `min(cap, base · 2^(attempt-1))`, saturating instead of overflowing for large attempts.
 pub fn backoff_ceiling_ms(attempt: u32, base_ms: u64, cap_ms: u64) -> u64 {
     let shift = attempt.saturating_sub(1).min(63);
-    base_ms.checked_mul(1u64 << shift).unwrap_or(u64::MAX).min(cap_ms)
+    base_ms.saturating_mul(1u64 << shift).min(cap_ms)
 }
 
 /// Full jitter: `uniform(0, ceiling)`. Spreading retries over the whole window is what keeps a
@@ -16,7 +16,9 @@ pub fn backoff_ceiling_ms(attempt: u32, base_ms: u64, cap_ms: u64) -> u64 {
 /// `unit` is a uniform sample in `[0, 1)`, injected so tests and simulations are reproducible.
 pub fn full_jitter_ms(attempt: u32, base_ms: u64, cap_ms: u64, unit: f64) -> u64 {
     let ceiling = backoff_ceiling_ms(attempt, base_ms, cap_ms);
-    ((ceiling as f64) * unit.clamp(0.0, 1.0)).floor().min(ceiling as f64) as u64
+    ((ceiling as f64) * unit.clamp(0.0, 1.0))
+        .floor()
+        .min(ceiling as f64) as u64
 }
 
 /// Parses `Retry-After` (delta-seconds or an HTTP date) into a delay from `now`.
@@ -27,7 +29,11 @@ pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<u64> {
         return Some(seconds.saturating_mul(1000));
     }
     let date = httpdate::parse_http_date(value).ok()?;
-    Some(date.duration_since(now).map(|d| d.as_millis() as u64).unwrap_or(0))
+    Some(
+        date.duration_since(now)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0),
+    )
 }
 
 /// The delay before the next try after a transient failure: the jittered backoff, but never
@@ -78,11 +84,18 @@ pub fn after_failure(
 ) -> AfterFailure {
     let retries_done = episode.failures.saturating_sub(1);
     let next = retries_done + 1;
-    let elapsed_at_retry = now_ms.saturating_sub(episode.started_ms).saturating_add(delay_ms);
+    let elapsed_at_retry = now_ms
+        .saturating_sub(episode.started_ms)
+        .saturating_add(delay_ms);
     if manual || next > max_auto_attempts || elapsed_at_retry > max_retry_elapsed_ms {
-        AfterFailure::WaitForUser { attempts: retries_done }
+        AfterFailure::WaitForUser {
+            attempts: retries_done,
+        }
     } else {
-        AfterFailure::Retry { attempt: next, delay_ms }
+        AfterFailure::Retry {
+            attempt: next,
+            delay_ms,
+        }
     }
 }
 
@@ -120,7 +133,9 @@ mod tests {
 
     #[test]
     fn ceiling_doubles_then_caps() {
-        let ceilings: Vec<u64> = (1..=7).map(|k| backoff_ceiling_ms(k, 1000, 30_000)).collect();
+        let ceilings: Vec<u64> = (1..=7)
+            .map(|k| backoff_ceiling_ms(k, 1000, 30_000))
+            .collect();
         assert_eq!(ceilings, [1000, 2000, 4000, 8000, 16000, 30000, 30000]);
         assert_eq!(backoff_ceiling_ms(10_000, 1000, 30_000), 30_000);
     }
@@ -138,12 +153,18 @@ mod tests {
         assert_eq!(parse_retry_after("-5", now), None);
         // Ten years is honoured as asked, and the cap is applied by next_delay_ms.
         assert_eq!(parse_retry_after("315360000", now), Some(315_360_000_000));
-        assert_eq!(next_delay_ms(1, 1000, 30_000, Some(315_360_000_000), 300_000, 0.5), 300_000);
+        assert_eq!(
+            next_delay_ms(1, 1000, 30_000, Some(315_360_000_000), 300_000, 0.5),
+            300_000
+        );
     }
 
     #[test]
     fn budget_hands_over_after_max_auto_attempts() {
-        let mut episode = Episode { started_ms: 0, failures: 0 };
+        let mut episode = Episode {
+            started_ms: 0,
+            failures: 0,
+        };
         let mut seen = Vec::new();
         loop {
             episode.failures += 1;
@@ -157,12 +178,18 @@ mod tests {
         }
         assert_eq!(seen, [1, 2, 3, 4, 5]);
         episode.failures += 1;
-        assert_eq!(after_failure(&episode, 2000, true, 5, 300_000, 0), AfterFailure::WaitForUser { attempts: 6 });
+        assert_eq!(
+            after_failure(&episode, 2000, true, 5, 300_000, 0),
+            AfterFailure::WaitForUser { attempts: 6 }
+        );
     }
 
     #[test]
     fn elapsed_budget_ends_the_episode_early() {
-        let episode = Episode { started_ms: 0, failures: 2 };
+        let episode = Episode {
+            started_ms: 0,
+            failures: 2,
+        };
         assert_eq!(
             after_failure(&episode, 299_000, false, 5, 300_000, 5_000),
             AfterFailure::WaitForUser { attempts: 1 }

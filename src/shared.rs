@@ -119,14 +119,23 @@ impl Shared {
     pub fn status(&self) -> DeliveryStatus {
         let cell = lock(&self.state);
         let mut state = cell.state.clone();
-        if let (DeliveryState::RetryScheduled { retry_in_ms, next_retry_at_ms, .. }, Some(deadline)) =
-            (&mut state, cell.retry_deadline_ms)
+        if let (
+            DeliveryState::RetryScheduled {
+                retry_in_ms,
+                next_retry_at_ms,
+                ..
+            },
+            Some(deadline),
+        ) = (&mut state, cell.retry_deadline_ms)
         {
             let now = self.clock.now_ms();
             *retry_in_ms = deadline.saturating_sub(now);
             *next_retry_at_ms = self.clock.wall_ms() + *retry_in_ms as i64;
         }
-        DeliveryStatus { state, pending: self.counters.pending() }
+        DeliveryStatus {
+            state,
+            pending: self.counters.pending(),
+        }
     }
 
     /// Records a new state and tells the observers if what they would render changed.
@@ -177,7 +186,9 @@ impl Shared {
 
     /// Moves the spill queue into the store. The caller holds `spill_lock`.
     pub fn spill_locked(&self) -> Result<()> {
-        let Some(store) = &self.store else { return Ok(()) };
+        let Some(store) = &self.store else {
+            return Ok(());
+        };
         let (events, generation) = {
             let mut buffer = lock(&self.buffer);
             let events = buffer.take_spill();
@@ -190,7 +201,8 @@ impl Shared {
         match store.insert(&events) {
             Ok(report) => {
                 self.counters.drop(DropReason::DiskCap, report.evicted);
-                self.counters.drop(DropReason::QuarantineCap, report.evicted_quarantine);
+                self.counters
+                    .drop(DropReason::QuarantineCap, report.evicted_quarantine);
                 self.mark_committed(generation, true);
                 Ok(())
             }
@@ -198,7 +210,9 @@ impl Shared {
                 lock(&self.buffer).return_spill(events);
                 self.counters.store_errors.fetch_add(1, Ordering::Relaxed);
                 self.mark_committed(generation, false);
-                self.notice(Notice::StoreUnavailable { reason: e.to_string() });
+                self.notice(Notice::StoreUnavailable {
+                    reason: e.to_string(),
+                });
                 Err(e)
             }
         }
@@ -224,8 +238,16 @@ impl Shared {
     /// quarantined): from the store, and from the in-flight set in memory.
     pub fn remove_from_queue(&self, events: &[(QueuedEvent, bool)]) -> Result<()> {
         let _guard = lock(&self.spill_lock);
-        let memory: Vec<u64> = events.iter().filter(|(_, from_store)| !from_store).map(|(e, _)| e.seq).collect();
-        let mut on_disk: Vec<u64> = events.iter().filter(|(_, from_store)| *from_store).map(|(e, _)| e.seq).collect();
+        let memory: Vec<u64> = events
+            .iter()
+            .filter(|(_, from_store)| !from_store)
+            .map(|(e, _)| e.seq)
+            .collect();
+        let mut on_disk: Vec<u64> = events
+            .iter()
+            .filter(|(_, from_store)| *from_store)
+            .map(|(e, _)| e.seq)
+            .collect();
         on_disk.extend(lock(&self.buffer).acknowledge(&memory));
         if let Some(store) = &self.store
             && !on_disk.is_empty()
@@ -245,7 +267,33 @@ impl Shared {
             None => lock(&self.memory_quarantine).add(entries, max, cutoff),
         };
         self.counters.drop(DropReason::QuarantineCap, evicted.cap);
-        self.counters.drop(DropReason::QuarantineExpired, evicted.expired);
+        self.counters
+            .drop(DropReason::QuarantineExpired, evicted.expired);
         Ok(())
+    }
+
+    /// Moves everything in memory to the store (see [`crate::EventSpool::persist`]).
+    pub fn persist(&self) -> Result<u64> {
+        let s = self;
+        let Some(store) = &s.store else { return Ok(0) };
+        let _guard = lock(&s.spill_lock);
+        let (moved, copies) = lock(&s.buffer).take_for_persist();
+        let mut all = moved.clone();
+        all.extend(copies.iter().cloned());
+        match store.insert(&all) {
+            Ok(report) => {
+                s.counters.drop(DropReason::DiskCap, report.evicted);
+                s.counters
+                    .drop(DropReason::QuarantineCap, report.evicted_quarantine);
+                Ok(report.inserted)
+            }
+            Err(e) => {
+                let mut buffer = lock(&s.buffer);
+                buffer.return_spill(moved);
+                buffer.unmark_persisted(&copies.iter().map(|e| e.seq).collect::<Vec<_>>());
+                s.counters.store_errors.fetch_add(1, Ordering::Relaxed);
+                Err(e)
+            }
+        }
     }
 }

@@ -85,20 +85,31 @@ impl EventSpool {
     }
 
     pub fn builder(config: Config) -> SpoolBuilder {
-        SpoolBuilder { config, clock: None, transport: None, observers: Vec::new(), online: true }
+        SpoolBuilder {
+            config,
+            clock: None,
+            transport: None,
+            observers: Vec::new(),
+            online: true,
+        }
     }
 
     fn start(b: SpoolBuilder) -> Result<EventSpool> {
         let config = b.config;
         config.validate()?;
         if config.durability == Durability::Always && config.db_path.is_none() {
-            return Err(ConfigError::new("durability", "'always' needs db_path: there is no store to write to").into());
+            return Err(ConfigError::new(
+                "durability",
+                "'always' needs db_path: there is no store to write to",
+            )
+            .into());
         }
         let clock = b.clock.unwrap_or_else(|| Arc::new(SystemClock::new()));
         let transport: Arc<dyn Transport> = match b.transport {
             Some(t) => t,
             None => Arc::new(
-                ReqwestTransport::new().map_err(|e: TransportError| Error::Storage(format!("HTTP client: {e}")))?,
+                ReqwestTransport::new()
+                    .map_err(|e: TransportError| Error::Storage(format!("HTTP client: {e}")))?,
             ),
         };
         let mut recovered = None;
@@ -126,12 +137,19 @@ impl EventSpool {
             memory_quarantine: Mutex::new(MemoryQuarantine::default()),
             counters: Counters::default(),
             next_seq: AtomicU64::new(next_seq),
-            control: Mutex::new(Control { online: b.online, ..Control::default() }),
+            control: Mutex::new(Control {
+                online: b.online,
+                ..Control::default()
+            }),
             wake: tokio::sync::Notify::new(),
             flush_at_reached: AtomicBool::new(false),
             enabled: AtomicBool::new(true),
             state: Mutex::new(StateCell {
-                state: if b.online { DeliveryState::Idle } else { DeliveryState::Offline },
+                state: if b.online {
+                    DeliveryState::Idle
+                } else {
+                    DeliveryState::Offline
+                },
                 retry_deadline_ms: None,
                 last_published: None,
             }),
@@ -142,14 +160,23 @@ impl EventSpool {
             shutdown,
             config,
         });
-        shared.counters.restored.fetch_add(restored, Ordering::Relaxed);
+        shared
+            .counters
+            .restored
+            .fetch_add(restored, Ordering::Relaxed);
         shared.counters.enqueued(restored);
         if restored >= shared.config.flush_at {
             shared.flush_at_reached.store(true, Ordering::SeqCst);
         }
         if let Some((moved_to, reason)) = recovered {
-            shared.counters.stores_recovered.fetch_add(1, Ordering::Relaxed);
-            shared.notice(Notice::StoreRecovered { moved_to: moved_to.display().to_string(), reason });
+            shared
+                .counters
+                .stores_recovered
+                .fetch_add(1, Ordering::Relaxed);
+            shared.notice(Notice::StoreRecovered {
+                moved_to: moved_to.display().to_string(),
+                reason,
+            });
         }
         let spiller = match &shared.store {
             Some(_) => {
@@ -173,12 +200,16 @@ impl EventSpool {
         let s = shared.clone();
         runtime.spawn(async move {
             loop {
-                let run = std::panic::AssertUnwindSafe(worker::run(s.clone())).catch_unwind().await;
+                let run = std::panic::AssertUnwindSafe(worker::run(s.clone()))
+                    .catch_unwind()
+                    .await;
                 if run.is_ok() || lock(&s.control).shutdown {
                     break;
                 }
                 s.counters.panics.fetch_add(1, Ordering::Relaxed);
-                s.notice(Notice::InternalError { message: "delivery worker panicked; restarted".into() });
+                s.notice(Notice::InternalError {
+                    message: "delivery worker panicked; restarted".into(),
+                });
             }
             let _ = done_tx.send(());
         });
@@ -212,16 +243,26 @@ impl EventSpool {
         if !s.enabled.load(Ordering::Relaxed) {
             return Err(Error::Disabled);
         }
-        let queued = event::prepare(&event, s.clock.wall_ms(), s.next_seq(), s.config.max_event_bytes)?;
+        let queued = event::prepare(
+            &event,
+            s.clock.wall_ms(),
+            s.next_seq(),
+            s.config.max_event_bytes,
+        )?;
         let id = queued.id;
         s.counters.tracked.fetch_add(1, Ordering::Relaxed);
-        s.counters.enqueued(1);
+        // The first pending event arms the worker's periodic flush (an idle worker with nothing
+        // to send sleeps without a deadline).
+        let first = s.counters.enqueued(1) == 0;
         match s.config.durability {
             Durability::Spill => self.enqueue(queued),
             Durability::Always => self.enqueue_durably(queued),
         }
-        if s.counters.pending() >= s.config.flush_at && !s.flush_at_reached.load(Ordering::Relaxed) {
+        if s.counters.pending() >= s.config.flush_at && !s.flush_at_reached.load(Ordering::Relaxed)
+        {
             s.flush_at_reached.store(true, Ordering::SeqCst);
+            s.wake.notify_one();
+        } else if first {
             s.wake.notify_one();
         }
         Ok(id)
@@ -231,7 +272,8 @@ impl EventSpool {
         let s = self.shared();
         let overflow =
             lock(&s.buffer).push(event, s.config.memory_capacity as usize, s.store.is_some());
-        s.counters.drop(DropReason::MemoryOverflow, overflow.dropped);
+        s.counters
+            .drop(DropReason::MemoryOverflow, overflow.dropped);
         if overflow.spill_started {
             lock(&s.spill).requested += 1;
             s.spill_cv.notify_all();
@@ -255,7 +297,11 @@ impl EventSpool {
             if left.is_zero() {
                 break;
             }
-            spill = s.spill_cv.wait_timeout(spill, left).map(|(g, _)| g).unwrap_or_else(|p| p.into_inner().0);
+            spill = s
+                .spill_cv
+                .wait_timeout(spill, left)
+                .map(|(g, _)| g)
+                .unwrap_or_else(|p| p.into_inner().0);
         }
     }
 
@@ -296,7 +342,11 @@ impl EventSpool {
         if let Some(key) = &api_key
             && (key.is_empty() || key.chars().any(|c| c.is_control()))
         {
-            return Err(ConfigError::new("api_key", "must be non-empty and contain no control characters").into());
+            return Err(ConfigError::new(
+                "api_key",
+                "must be non-empty and contain no control characters",
+            )
+            .into());
         }
         *lock(&self.shared().api_key) = api_key;
         self.shared().control(|c| c.api_key_changed = true);
@@ -351,7 +401,11 @@ impl EventSpool {
     }
 
     /// Waits (real time) until `done` holds for the state, or the timeout passes.
-    pub fn wait_for(&self, timeout: Duration, done: impl Fn(&DeliveryStatus) -> bool) -> Option<DeliveryStatus> {
+    pub fn wait_for(
+        &self,
+        timeout: Duration,
+        done: impl Fn(&DeliveryStatus) -> bool,
+    ) -> Option<DeliveryStatus> {
         let s = self.shared();
         let deadline = Instant::now() + timeout;
         loop {
@@ -364,76 +418,31 @@ impl EventSpool {
                 return None;
             }
             let cell = lock(&s.state);
-            let _ = s.state_changed.wait_timeout(cell, left.min(Duration::from_millis(20)));
+            let _ = s
+                .state_changed
+                .wait_timeout(cell, left.min(Duration::from_millis(20)));
         }
     }
 
     /// Waits until nothing is pending and the worker is idle, or the timeout passes.
     pub fn wait_drained(&self, timeout: Duration) -> bool {
-        self.wait_for(timeout, |st| st.pending == 0 && st.state == DeliveryState::Idle).is_some()
+        self.wait_for(timeout, |st| {
+            st.pending == 0 && st.state == DeliveryState::Idle
+        })
+        .is_some()
     }
 
     /// Moves everything in memory to the store now: call it when the app goes to the background.
     /// Returns how many events were written. Without a store it does nothing.
     pub fn persist(&self) -> Result<u64> {
-        let s = self.shared();
-        let Some(store) = &s.store else { return Ok(0) };
-        let _guard = lock(&s.spill_lock);
-        let (moved, copies) = lock(&s.buffer).take_for_persist();
-        let mut all = moved.clone();
-        all.extend(copies.iter().cloned());
-        match store.insert(&all) {
-            Ok(report) => {
-                s.counters.drop(DropReason::DiskCap, report.evicted);
-                s.counters.drop(DropReason::QuarantineCap, report.evicted_quarantine);
-                Ok(report.inserted)
-            }
-            Err(e) => {
-                let mut buffer = lock(&s.buffer);
-                buffer.return_spill(moved);
-                buffer.unmark_persisted(&copies.iter().map(|e| e.seq).collect::<Vec<_>>());
-                s.counters.store_errors.fetch_add(1, Ordering::Relaxed);
-                Err(e)
-            }
-        }
+        self.shared().persist()
     }
 
     /// Stops the worker (waiting at most `timeout` for an attempt in flight), writes what is in
     /// memory to the store when there is one, and releases the store. Safe to call twice, and
     /// from an observer (then it does not wait for the worker it is running on).
     pub fn shutdown(&self, timeout: Duration) -> Result<()> {
-        let h = &self.handle;
-        if h.closed.swap(true, Ordering::SeqCst) {
-            return Ok(());
-        }
-        let s = &h.shared;
-        s.control(|c| c.shutdown = true);
-        s.shutdown.send_replace(true);
-        let on_worker_thread = {
-            let rt = lock(&h.runtime);
-            match (tokio::runtime::Handle::try_current(), rt.as_ref()) {
-                (Ok(current), Some(rt)) => current.id() == rt.handle().id(),
-                _ => false,
-            }
-        };
-        if !on_worker_thread && let Some(done) = lock(&h.worker_done).take() {
-            let _ = done.recv_timeout(timeout);
-        }
-        let result = self.persist().map(|_| ());
-        {
-            let mut spill = lock(&s.spill);
-            spill.stop = true;
-        }
-        s.spill_cv.notify_all();
-        if let Some(thread) = lock(&h.spiller).take()
-            && !on_worker_thread
-        {
-            let _ = thread.join();
-        }
-        if let Some(rt) = lock(&h.runtime).take() {
-            rt.shutdown_background();
-        }
-        result
+        self.handle.shutdown(timeout)
     }
 
     /// Quarantined events, oldest first.
@@ -467,9 +476,16 @@ impl EventSpool {
                 s.counters.redriven.fetch_add(n, Ordering::Relaxed);
                 for q in taken {
                     let id = EventId::parse(&q.event_id)?;
-                    let event = QueuedEvent { ts_ms: q.ts_ms, seq: s.next_seq(), id, json: q.body.into_boxed_str() };
-                    let overflow = lock(&s.buffer).push(event, s.config.memory_capacity as usize, false);
-                    s.counters.drop(DropReason::MemoryOverflow, overflow.dropped);
+                    let event = QueuedEvent {
+                        ts_ms: q.ts_ms,
+                        seq: s.next_seq(),
+                        id,
+                        json: q.body.into_boxed_str(),
+                    };
+                    let overflow =
+                        lock(&s.buffer).push(event, s.config.memory_capacity as usize, false);
+                    s.counters
+                        .drop(DropReason::MemoryOverflow, overflow.dropped);
                 }
                 self.flush();
                 return Ok(n);
@@ -490,19 +506,46 @@ impl EventSpool {
     }
 }
 
+impl Handle {
+    pub fn shutdown(&self, timeout: Duration) -> Result<()> {
+        let h = self;
+        if h.closed.swap(true, Ordering::SeqCst) {
+            return Ok(());
+        }
+        let s = &h.shared;
+        s.control(|c| c.shutdown = true);
+        s.shutdown.send_replace(true);
+        let on_worker_thread = {
+            let rt = lock(&h.runtime);
+            match (tokio::runtime::Handle::try_current(), rt.as_ref()) {
+                (Ok(current), Some(rt)) => current.id() == rt.handle().id(),
+                _ => false,
+            }
+        };
+        if !on_worker_thread && let Some(done) = lock(&h.worker_done).take() {
+            let _ = done.recv_timeout(timeout);
+        }
+        let result = s.persist().map(|_| ());
+        {
+            let mut spill = lock(&s.spill);
+            spill.stop = true;
+        }
+        s.spill_cv.notify_all();
+        if let Some(thread) = lock(&h.spiller).take()
+            && !on_worker_thread
+        {
+            let _ = thread.join();
+        }
+        if let Some(rt) = lock(&h.runtime).take() {
+            rt.shutdown_background();
+        }
+        result
+    }
+}
+
 impl Drop for Handle {
     fn drop(&mut self) {
-        if !self.closed.load(Ordering::SeqCst) {
-            let spool = EventSpool { handle: Arc::new(Handle {
-                shared: self.shared.clone(),
-                runtime: Mutex::new(lock(&self.runtime).take()),
-                worker_done: Mutex::new(lock(&self.worker_done).take()),
-                spiller: Mutex::new(lock(&self.spiller).take()),
-                closed: AtomicBool::new(false),
-            }) };
-            let _ = spool.shutdown(Duration::from_secs(2));
-            spool.handle.closed.store(true, Ordering::SeqCst);
-        }
+        let _ = self.shutdown(Duration::from_secs(2));
     }
 }
 

@@ -85,20 +85,34 @@ impl std::fmt::Display for DeliveryStatus {
         match &self.state {
             DeliveryState::Idle => write!(f, "idle, {} pending", self.pending),
             DeliveryState::Sending => write!(f, "sending, {} pending", self.pending),
-            DeliveryState::RetryScheduled { attempt, max_attempts, retry_in_ms, last_error, .. } => write!(
+            DeliveryState::RetryScheduled {
+                attempt,
+                max_attempts,
+                retry_in_ms,
+                last_error,
+                ..
+            } => write!(
                 f,
                 "connection lost ({last_error}): attempt {attempt} of {max_attempts}, next try in {} s, {} pending",
                 retry_in_ms.div_ceil(1000),
                 self.pending
             ),
-            DeliveryState::WaitingForUser { attempts, last_error } => write!(
+            DeliveryState::WaitingForUser {
+                attempts,
+                last_error,
+            } => write!(
                 f,
                 "gave up after {attempts} attempts ({last_error}), waiting for retry, {} pending",
                 self.pending
             ),
             DeliveryState::Offline => write!(f, "offline, {} pending", self.pending),
             DeliveryState::Paused { reason, last_error } => {
-                write!(f, "paused ({}: {last_error}), {} pending", reason.as_str(), self.pending)
+                write!(
+                    f,
+                    "paused ({}: {last_error}), {} pending",
+                    reason.as_str(),
+                    self.pending
+                )
             }
             DeliveryState::Disabled => write!(f, "disabled, {} pending", self.pending),
         }

@@ -49,7 +49,10 @@ impl DropReason {
 
     /// Whether the events came out of the queue (and so count against `pending`).
     pub fn leaves_queue(self) -> bool {
-        !matches!(self, DropReason::QuarantineCap | DropReason::QuarantineExpired)
+        !matches!(
+            self,
+            DropReason::QuarantineCap | DropReason::QuarantineExpired
+        )
     }
 }
 
@@ -87,7 +90,11 @@ impl Stats {
 
     /// Drops that took events out of the queue.
     pub fn dropped_from_queue(&self) -> u64 {
-        DropReason::ALL.iter().filter(|r| r.leaves_queue()).map(|r| self.dropped(*r)).sum()
+        DropReason::ALL
+            .iter()
+            .filter(|r| r.leaves_queue())
+            .map(|r| self.dropped(*r))
+            .sum()
     }
 
     /// Whether the ledger balances (see the module docs).
@@ -119,9 +126,9 @@ impl Counters {
         counter.fetch_add(n, Ordering::Relaxed);
     }
 
-    /// Counts events that entered the queue.
-    pub fn enqueued(&self, n: u64) {
-        self.pending.fetch_add(n as i64, Ordering::SeqCst);
+    /// Counts events that entered the queue; returns the pending count before them.
+    pub fn enqueued(&self, n: u64) -> i64 {
+        self.pending.fetch_add(n as i64, Ordering::SeqCst)
     }
 
     /// Counts events that left the queue without a drop reason (delivered or quarantined).

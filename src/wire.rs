@@ -46,7 +46,9 @@ mod tests {
         assert_eq!(v["sent_at"], "1970-01-01T00:00:00.000Z");
         assert_eq!(v["batch"][1]["b"], 2);
         let mut out = Vec::new();
-        flate2::read::GzDecoder::new(&gzip(&body)[..]).read_to_end(&mut out).unwrap();
+        flate2::read::GzDecoder::new(&gzip(&body)[..])
+            .read_to_end(&mut out)
+            .unwrap();
         assert_eq!(out, body);
     }
 }

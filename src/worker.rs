@@ -25,9 +25,19 @@ const USER_AGENT: &str = concat!("eventspool/", env!("CARGO_PKG_VERSION"));
 enum Mode {
     Idle,
     Draining,
-    RetryWait { attempt: u32, deadline_ms: u64, failure: Failure },
-    WaitingForUser { attempts: u32, failure: Failure },
-    Paused { reason: PauseReason, failure: Failure },
+    RetryWait {
+        attempt: u32,
+        deadline_ms: u64,
+        failure: Failure,
+    },
+    WaitingForUser {
+        attempts: u32,
+        failure: Failure,
+    },
+    Paused {
+        reason: PauseReason,
+        failure: Failure,
+    },
     Offline,
     Disabled,
 }
@@ -52,6 +62,9 @@ struct Worker {
     /// The next failure answers a manual `retry_now()` from `WaitingForUser`.
     manual_attempt: bool,
     last_send_ms: Option<u64>,
+    /// A pause outlives going offline and back: only `resume()` or new credentials end it, so a
+    /// reconnect does not spend a request on an endpoint already known to refuse.
+    pause: Option<(PauseReason, Failure)>,
 }
 
 pub async fn run(shared: Arc<Shared>) {
@@ -63,6 +76,7 @@ pub async fn run(shared: Arc<Shared>) {
         suppress_flush_at: false,
         manual_attempt: false,
         last_send_ms: None,
+        pause: None,
         s: shared,
     };
     worker.recover_leases();
@@ -71,7 +85,9 @@ pub async fn run(shared: Arc<Shared>) {
 
 impl Worker {
     async fn run(&mut self) {
-        let control = self.s.take_control();
+        // A peek, not a take: edges the app set before the worker started (a flush() right after
+        // open) must still be seen by the loop.
+        let control = lock(&self.s.control).clone();
         if !control.enabled {
             self.mode = Mode::Disabled;
         } else if !control.online {
@@ -89,14 +105,29 @@ impl Worker {
                 Mode::Disabled => self.idle_wait(DeliveryState::Disabled, None).await,
                 Mode::Offline => self.idle_wait(DeliveryState::Offline, None).await,
                 Mode::Paused { reason, failure } => {
-                    self.idle_wait(DeliveryState::Paused { reason, last_error: failure }, None).await
+                    self.idle_wait(
+                        DeliveryState::Paused {
+                            reason,
+                            last_error: failure,
+                        },
+                        None,
+                    )
+                    .await
                 }
                 Mode::WaitingForUser { attempts, failure } => {
-                    self.idle_wait(DeliveryState::WaitingForUser { attempts, last_error: failure }, None).await
+                    self.idle_wait(
+                        DeliveryState::WaitingForUser {
+                            attempts,
+                            last_error: failure,
+                        },
+                        None,
+                    )
+                    .await
                 }
                 Mode::Idle => {
                     let pending = self.s.counters.pending();
-                    let flush_at = !self.suppress_flush_at && self.s.flush_at_reached.load(Ordering::SeqCst);
+                    let flush_at =
+                        !self.suppress_flush_at && self.s.flush_at_reached.load(Ordering::SeqCst);
                     if pending > 0 && (flush_at || now >= self.next_periodic_ms) {
                         self.start_drain(now);
                         continue;
@@ -107,7 +138,11 @@ impl Worker {
                     let deadline = (pending > 0).then_some(self.next_periodic_ms);
                     self.idle_wait(DeliveryState::Idle, deadline).await;
                 }
-                Mode::RetryWait { attempt, deadline_ms, failure } => {
+                Mode::RetryWait {
+                    attempt,
+                    deadline_ms,
+                    failure,
+                } => {
                     if now >= deadline_ms {
                         self.mode = Mode::Draining;
                         continue;
@@ -122,7 +157,12 @@ impl Worker {
                     self.s.publish(state, Some(deadline_ms));
                     // Wake on each whole second of the countdown, so observers see it tick.
                     let left = deadline_ms - now;
-                    let tick = now + if left % 1000 == 0 { 1000 } else { left % 1000 };
+                    let tick = now
+                        + if left.is_multiple_of(1000) {
+                            1000
+                        } else {
+                            left % 1000
+                        };
                     self.wait(Some(tick.min(deadline_ms))).await;
                 }
                 Mode::Draining => self.drain_step(now).await,
@@ -140,15 +180,21 @@ impl Worker {
     /// Turns the app's requests into mode changes (DESIGN §5's arrows).
     fn apply(&mut self, c: &Control) {
         let now = self.s.clock.now_ms();
+        if let Some((reason, _)) = &self.pause
+            && (c.resume || (c.api_key_changed && *reason == PauseReason::Auth))
+        {
+            self.pause = None;
+            if matches!(self.mode, Mode::Paused { .. }) {
+                self.start_drain(now);
+            }
+        }
         if c.enabled_changed {
             self.release_work();
             self.episode = None;
-            self.mode = if !c.enabled {
-                Mode::Disabled
-            } else if c.online {
-                Mode::Idle
+            self.mode = if c.enabled {
+                self.resting_mode()
             } else {
-                Mode::Offline
+                Mode::Disabled
             };
         }
         if matches!(self.mode, Mode::Disabled) {
@@ -159,10 +205,10 @@ impl Worker {
             // A reconnect starts a fresh failure episode: the old budget was spent on a dead link.
             self.episode = None;
             self.manual_attempt = false;
-            if c.online {
+            if c.online && self.pause.is_none() {
                 self.start_drain(now);
             } else {
-                self.mode = Mode::Offline;
+                self.mode = self.resting_mode();
             }
         }
         if !c.online {
@@ -170,9 +216,6 @@ impl Worker {
             return;
         }
         match &self.mode {
-            Mode::Paused { reason, .. } if c.resume || (c.api_key_changed && *reason == PauseReason::Auth) => {
-                self.start_drain(now)
-            }
             Mode::RetryWait { .. } | Mode::WaitingForUser { .. } if c.dismiss => {
                 self.release_work();
                 self.episode = None;
@@ -188,6 +231,20 @@ impl Worker {
             }
             Mode::Idle if c.retry_now || c.flush => self.start_drain(now),
             _ => {}
+        }
+    }
+
+    /// Where the worker rests when nothing is being sent: offline, paused, or idle.
+    fn resting_mode(&self) -> Mode {
+        if !lock(&self.s.control).online {
+            Mode::Offline
+        } else if let Some((reason, failure)) = &self.pause {
+            Mode::Paused {
+                reason: *reason,
+                failure: failure.clone(),
+            }
+        } else {
+            Mode::Idle
         }
     }
 
@@ -230,7 +287,9 @@ impl Worker {
             }
         }
         self.s.publish(DeliveryState::Sending, None);
-        let Some(result) = self.send_front().await else { return };
+        let Some(result) = self.send_front().await else {
+            return;
+        };
         self.last_send_ms = Some(self.s.clock.now_ms());
         let outcome = classify(&result, SystemTime::now());
         self.handle(outcome);
@@ -243,20 +302,32 @@ impl Worker {
         if let Err(e) = s.spill_locked() {
             tracing::warn!(error = %e, "spill before batch failed; sending from memory");
         }
-        let cutoff = s.clock.wall_ms().saturating_sub(s.config.max_event_age_ms as i64);
+        let cutoff = s
+            .clock
+            .wall_ms()
+            .saturating_sub(s.config.max_event_age_ms as i64);
         let expired_memory = lock(&s.buffer).expire(cutoff);
         s.counters.drop(DropReason::Expired, expired_memory);
         let limit = s.config.max_batch_events as usize;
         let from_store = match &s.store {
             Some(store) => {
-                match store.expire(cutoff) {
-                    Ok(n) => s.counters.drop(DropReason::Expired, n),
-                    Err(e) => tracing::warn!(error = %e, "expiring stored events failed"),
+                let read = || {
+                    store.oldest(limit).unwrap_or_else(|e| {
+                        tracing::warn!(error = %e, "reading the store failed; sending from memory");
+                        Vec::new()
+                    })
+                };
+                let mut oldest = read();
+                // The rows come in timestamp order, so only a stale first row means work for
+                // the expiry pass (which costs a write transaction).
+                if oldest.first().is_some_and(|e| e.ts_ms < cutoff) {
+                    match store.expire(cutoff) {
+                        Ok(n) => s.counters.drop(DropReason::Expired, n),
+                        Err(e) => tracing::warn!(error = %e, "expiring stored events failed"),
+                    }
+                    oldest = read();
                 }
-                store.oldest(limit).unwrap_or_else(|e| {
-                    tracing::warn!(error = %e, "reading the store failed; sending from memory");
-                    Vec::new()
-                })
+                oldest
             }
             None => Vec::new(),
         };
@@ -275,7 +346,11 @@ impl Worker {
                     (None, Some(_)) => false,
                     (None, None) => break,
                 };
-                let size = if take_disk { disk.peek().map(QueuedEvent::bytes) } else { memory.peek().map(|m| m.bytes()) };
+                let size = if take_disk {
+                    disk.peek().map(QueuedEvent::bytes)
+                } else {
+                    memory.peek().map(|m| m.bytes())
+                };
                 let size = size.unwrap_or(0) + 1;
                 if !picked.is_empty() && bytes + size > room {
                     break;
@@ -296,22 +371,37 @@ impl Worker {
         }
         buffer.lease(&memory_keys);
         if let Some(store) = &s.store {
-            let seqs: Vec<u64> = picked.iter().filter(|(_, d)| *d).map(|(e, _)| e.seq).collect();
+            let seqs: Vec<u64> = picked
+                .iter()
+                .filter(|(_, d)| *d)
+                .map(|(e, _)| e.seq)
+                .collect();
             store.lease(&seqs);
         }
-        Some(Batch { events: picked, attempts: 0 })
+        Some(Batch {
+            events: picked,
+            attempts: 0,
+        })
     }
 
     /// Sends the front batch; `None` when shutdown interrupted it.
-    async fn send_front(&mut self) -> Option<Result<crate::transport::HttpResponse, TransportError>> {
+    async fn send_front(
+        &mut self,
+    ) -> Option<Result<crate::transport::HttpResponse, TransportError>> {
         let s = self.s.clone();
         let batch = self.work.front_mut()?;
         batch.attempts += 1;
-        let mut body = wire::batch_body(batch.events.iter().map(|(e, _)| &*e.json), s.clock.wall_ms());
+        let mut body = wire::batch_body(
+            batch.events.iter().map(|(e, _)| &*e.json),
+            s.clock.wall_ms(),
+        );
         let mut headers = vec![
             ("Content-Type".to_string(), "application/json".to_string()),
             ("User-Agent".to_string(), USER_AGENT.to_string()),
-            ("X-Eventspool-Attempt".to_string(), batch.attempts.to_string()),
+            (
+                "X-Eventspool-Attempt".to_string(),
+                batch.attempts.to_string(),
+            ),
         ];
         if s.config.compression == Compression::Gzip && body.len() > wire::GZIP_THRESHOLD_BYTES {
             body = wire::gzip(&body);
@@ -321,10 +411,19 @@ impl Worker {
             headers.push(("Authorization".to_string(), format!("Bearer {key}")));
         }
         let timeout = Duration::from_millis(s.config.attempt_timeout_ms);
-        let request = HttpRequest { method: "POST".into(), url: s.config.endpoint.clone(), headers, body, timeout };
+        let request = HttpRequest {
+            method: "POST".into(),
+            url: s.config.endpoint.clone(),
+            headers,
+            body,
+            timeout,
+        };
         s.counters.requests.fetch_add(1, Ordering::Relaxed);
         let mut shutdown = s.shutdown.subscribe();
-        let send = tokio::time::timeout(timeout + Duration::from_millis(250), s.transport.send(request));
+        let send = tokio::time::timeout(
+            timeout + Duration::from_millis(250),
+            s.transport.send(request),
+        );
         tokio::select! {
             result = send => Some(result.unwrap_or(Err(TransportError::Timeout))),
             _ = shutdown.wait_for(|stop| *stop) => None,
@@ -332,7 +431,9 @@ impl Worker {
     }
 
     fn handle(&mut self, outcome: Outcome) {
-        let Some(batch) = self.work.pop_front() else { return };
+        let Some(batch) = self.work.pop_front() else {
+            return;
+        };
         match outcome {
             Outcome::Delivered => self.delivered(batch.events),
             Outcome::Partial { rejected } => {
@@ -347,22 +448,45 @@ impl Worker {
                         .find(|r| r.event_id == event.id.to_string())
                         .map(|r| r.reason.clone())
                         .unwrap_or_default();
-                    self.quarantine(vec![(event, from_store)], reason::REJECTED, why, status, batch.attempts);
+                    self.quarantine(
+                        vec![(event, from_store)],
+                        reason::REJECTED,
+                        why,
+                        status,
+                        batch.attempts,
+                    );
                 }
                 self.delivered(good);
             }
-            Outcome::Poisoned { status, too_large, detail } => {
+            Outcome::Poisoned {
+                status,
+                too_large,
+                detail,
+            } => {
                 if batch.events.len() > 1 {
                     let mut left = batch.events;
                     let right = left.split_off(left.len() / 2);
-                    self.work.push_front(Batch { events: right, attempts: 0 });
-                    self.work.push_front(Batch { events: left, attempts: 0 });
+                    self.work.push_front(Batch {
+                        events: right,
+                        attempts: 0,
+                    });
+                    self.work.push_front(Batch {
+                        events: left,
+                        attempts: 0,
+                    });
                 } else {
-                    let why = if too_large { reason::TOO_LARGE } else { reason::BAD_REQUEST };
+                    let why = if too_large {
+                        reason::TOO_LARGE
+                    } else {
+                        reason::BAD_REQUEST
+                    };
                     self.quarantine(batch.events, why, detail, Some(status), batch.attempts);
                 }
             }
-            Outcome::Transient { failure, retry_after_ms } => {
+            Outcome::Transient {
+                failure,
+                retry_after_ms,
+            } => {
                 self.work.push_front(batch);
                 self.transient(failure, retry_after_ms);
             }
@@ -380,16 +504,28 @@ impl Worker {
             tracing::error!(error = %e, "could not delete delivered events; they may be sent again");
         }
         self.s.counters.delivered.fetch_add(n, Ordering::Relaxed);
-        self.s.counters.batches_delivered.fetch_add(1, Ordering::Relaxed);
+        self.s
+            .counters
+            .batches_delivered
+            .fetch_add(1, Ordering::Relaxed);
         self.s.counters.dequeued(n);
         self.episode = None;
         self.manual_attempt = false;
     }
 
-    fn quarantine(&mut self, events: Vec<(QueuedEvent, bool)>, why: &str, detail: String, status: Option<u16>, attempts: u32) {
+    fn quarantine(
+        &mut self,
+        events: Vec<(QueuedEvent, bool)>,
+        why: &str,
+        detail: String,
+        status: Option<u16>,
+        attempts: u32,
+    ) {
         let now = self.s.clock.wall_ms();
-        let entries =
-            events.iter().map(|(e, _)| QuarantinedEvent::new(e, why, detail.clone(), status, attempts, now)).collect();
+        let entries = events
+            .iter()
+            .map(|(e, _)| QuarantinedEvent::new(e, why, detail.clone(), status, attempts, now))
+            .collect();
         if let Err(e) = self.s.add_to_quarantine(entries) {
             // Without a place to keep them, they stay queued rather than vanish.
             tracing::error!(error = %e, "could not quarantine events; keeping them queued");
@@ -408,7 +544,10 @@ impl Worker {
     fn transient(&mut self, failure: Failure, retry_after_ms: Option<u64>) {
         let c = &self.s.config;
         let now = self.s.clock.now_ms();
-        let episode = self.episode.get_or_insert(Episode { started_ms: now, failures: 0 });
+        let episode = self.episode.get_or_insert(Episode {
+            started_ms: now,
+            failures: 0,
+        });
         episode.failures += 1;
         let next_attempt = episode.failures;
         let delay = next_delay_ms(
@@ -421,8 +560,31 @@ impl Worker {
         );
         let manual = std::mem::take(&mut self.manual_attempt);
         tracing::info!(error = %failure, failures = episode.failures, "delivery attempt failed");
-        self.mode = match after_failure(episode, now, manual, c.max_auto_attempts, c.max_retry_elapsed_ms, delay) {
-            AfterFailure::Retry { attempt, delay_ms } => Mode::RetryWait { attempt, deadline_ms: now + delay_ms, failure },
+        self.mode = match after_failure(
+            episode,
+            now,
+            manual,
+            c.max_auto_attempts,
+            c.max_retry_elapsed_ms,
+            delay,
+        ) {
+            AfterFailure::Retry { attempt, delay_ms } => {
+                // Announced here, not only by the countdown loop: a zero delay must still show
+                // "attempt k of n" to the user.
+                let state = DeliveryState::RetryScheduled {
+                    attempt,
+                    max_attempts: c.max_auto_attempts,
+                    next_retry_at_ms: 0,
+                    retry_in_ms: 0,
+                    last_error: failure.clone(),
+                };
+                self.s.publish(state, Some(now + delay_ms));
+                Mode::RetryWait {
+                    attempt,
+                    deadline_ms: now + delay_ms,
+                    failure,
+                }
+            }
             AfterFailure::WaitForUser { attempts } => Mode::WaitingForUser { attempts, failure },
         };
     }
@@ -431,6 +593,7 @@ impl Worker {
         tracing::warn!(error = %failure, reason = reason.as_str(), "delivery paused");
         self.work.push_front(batch);
         self.release_work();
+        self.pause = Some((reason, failure.clone()));
         self.mode = Mode::Paused { reason, failure };
     }
 
@@ -442,10 +605,18 @@ impl Worker {
 
     fn release(&self, events: Vec<(QueuedEvent, bool)>) {
         let _guard = lock(&self.s.spill_lock);
-        let memory: Vec<u64> = events.iter().filter(|(_, d)| !d).map(|(e, _)| e.seq).collect();
+        let memory: Vec<u64> = events
+            .iter()
+            .filter(|(_, d)| !d)
+            .map(|(e, _)| e.seq)
+            .collect();
         lock(&self.s.buffer).release(&memory);
         if let Some(store) = &self.s.store {
-            let disk: Vec<u64> = events.iter().filter(|(_, d)| *d).map(|(e, _)| e.seq).collect();
+            let disk: Vec<u64> = events
+                .iter()
+                .filter(|(_, d)| *d)
+                .map(|(e, _)| e.seq)
+                .collect();
             store.release(&disk);
         }
     }

@@ -44,7 +44,12 @@ struct DiskBudget {
 impl DiskBudget {
     fn new(cap: u64) -> DiskBudget {
         let wal_bytes = cap / 4;
-        DiskBudget { cap, db_bytes: cap - wal_bytes, wal_bytes, txn_bytes: (cap / 32).max(1) }
+        DiskBudget {
+            cap,
+            db_bytes: cap - wal_bytes,
+            wal_bytes,
+            txn_bytes: (cap / 32).max(1),
+        }
     }
 }
 
@@ -86,7 +91,10 @@ fn sqlite_code(e: &rusqlite::Error) -> Option<ErrorCode> {
 
 /// The file is damaged or not an SQLite database at all (as opposed to, say, a full disk).
 fn is_corruption(e: &rusqlite::Error) -> bool {
-    matches!(sqlite_code(e), Some(ErrorCode::DatabaseCorrupt | ErrorCode::NotADatabase))
+    matches!(
+        sqlite_code(e),
+        Some(ErrorCode::DatabaseCorrupt | ErrorCode::NotADatabase)
+    )
 }
 
 fn storage(what: &str, path: &Path, e: impl std::fmt::Display) -> Error {
@@ -99,14 +107,26 @@ impl Store {
         create_private(path)?;
         let budget = DiskBudget::new(max_disk_bytes);
         match Store::connect(path, budget) {
-            Ok(Ok((conn, rows, page_size))) => Ok(Opened { store: Store::new(conn, path, budget, rows, page_size, lock), recovered: None }),
+            Ok(Ok((conn, rows, page_size))) => Ok(Opened {
+                store: Store::new(conn, path, budget, rows, page_size, lock),
+                recovered: None,
+            }),
             Ok(Err(unusable)) => Store::recover(path, budget, lock, unusable.to_string(), wall_ms),
-            Err(e) if is_corruption(&e) => Store::recover(path, budget, lock, e.to_string(), wall_ms),
+            Err(e) if is_corruption(&e) => {
+                Store::recover(path, budget, lock, e.to_string(), wall_ms)
+            }
             Err(e) => Err(storage("cannot open store", path, e)),
         }
     }
 
-    fn new(conn: Connection, path: &Path, budget: DiskBudget, rows: u64, page_size: u64, lock: File) -> Store {
+    fn new(
+        conn: Connection,
+        path: &Path,
+        budget: DiskBudget,
+        rows: u64,
+        page_size: u64,
+        lock: File,
+    ) -> Store {
         Store {
             conn: Mutex::new(conn),
             path: path.to_path_buf(),
@@ -120,7 +140,13 @@ impl Store {
 
     /// Never deletes what it cannot read: the file (with its WAL and SHM) is renamed with a
     /// timestamp for diagnosis and a fresh store takes its place.
-    fn recover(path: &Path, budget: DiskBudget, lock: File, reason: String, wall_ms: i64) -> Result<Opened> {
+    fn recover(
+        path: &Path,
+        budget: DiskBudget,
+        lock: File,
+        reason: String,
+        wall_ms: i64,
+    ) -> Result<Opened> {
         let aside = PathBuf::from(format!("{}.unusable-{wall_ms}", path.display()));
         for suffix in ["", "-wal", "-shm"] {
             let from = PathBuf::from(format!("{}{suffix}", path.display()));
@@ -142,16 +168,22 @@ impl Store {
     }
 
     #[allow(clippy::type_complexity)]
-    fn connect(path: &Path, budget: DiskBudget) -> rusqlite::Result<Result<(Connection, u64, u64), schema::Unusable>> {
+    fn connect(
+        path: &Path,
+        budget: DiskBudget,
+    ) -> rusqlite::Result<Result<(Connection, u64, u64), schema::Unusable>> {
         let mut conn = Connection::open(path)?;
-        let page_size: u64 = conn.pragma_query_value(None, "page_size", |r| r.get::<_, i64>(0))? as u64;
+        let page_size: u64 =
+            conn.pragma_query_value(None, "page_size", |r| r.get::<_, i64>(0))? as u64;
         let checkpoint_pages = (budget.wal_bytes / 2 / page_size.max(512)).max(8);
         schema::configure(&conn, budget.wal_bytes / 2, checkpoint_pages)?;
         if let Err(unusable) = schema::migrate(&mut conn)? {
             return Ok(Err(unusable));
         }
         let rows: i64 = conn.query_row("SELECT count(*) FROM events", [], |r| r.get(0))?;
-        conn.query_row("SELECT count(*) FROM quarantine", [], |r| r.get::<_, i64>(0))?;
+        conn.query_row("SELECT count(*) FROM quarantine", [], |r| {
+            r.get::<_, i64>(0)
+        })?;
         Ok(Ok((conn, rows as u64, page_size)))
     }
 
@@ -163,22 +195,16 @@ impl Store {
         self.leased.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
     /// Queued events on disk.
     pub fn len(&self) -> u64 {
         self.rows.load(Ordering::Relaxed)
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// The next free seq, so `track()` order continues across restarts.
     pub fn next_seq(&self) -> Result<u64> {
-        let max: Option<i64> = self.conn().query_row("SELECT max(seq) FROM events", [], |r| r.get(0))?;
+        let max: Option<i64> = self
+            .conn()
+            .query_row("SELECT max(seq) FROM events", [], |r| r.get(0))?;
         Ok(max.map(|m| m as u64 + 1).unwrap_or(1))
     }
 
@@ -196,7 +222,9 @@ impl Store {
         while start < events.len() {
             let mut end = start;
             let mut bytes = 0;
-            while end < events.len() && (end == start || bytes + events[end].bytes() <= self.budget.txn_bytes) {
+            while end < events.len()
+                && (end == start || bytes + events[end].bytes() <= self.budget.txn_bytes)
+            {
                 bytes += events[end].bytes();
                 end += 1;
             }
@@ -206,7 +234,8 @@ impl Store {
                 let mut id_buf = Uuid::encode_buffer();
                 for e in &events[start..end] {
                     let id = e.id.0.hyphenated().encode_lower(&mut id_buf);
-                    report.inserted += stmt.execute(params![e.seq as i64, e.ts_ms, &*id, &*e.json])? as u64;
+                    report.inserted +=
+                        stmt.execute(params![e.seq as i64, e.ts_ms, &*id, &*e.json])? as u64;
                 }
             }
             let (evicted, evicted_quarantine) = self.enforce_cap(&tx, &leased)?;
@@ -217,7 +246,8 @@ impl Store {
             start = end;
         }
         self.rows.fetch_add(report.inserted, Ordering::Relaxed);
-        self.rows.fetch_sub(report.evicted.min(self.len()), Ordering::Relaxed);
+        self.rows
+            .fetch_sub(report.evicted.min(self.len()), Ordering::Relaxed);
         Ok(report)
     }
 
@@ -227,11 +257,13 @@ impl Store {
     fn enforce_cap(&self, tx: &Transaction<'_>, leased: &[u64]) -> Result<(u64, u64)> {
         let (mut evicted, mut evicted_quarantine) = (0u64, 0u64);
         for _ in 0..10_000 {
-            let pages: u64 = tx.pragma_query_value(None, "page_count", |r| r.get::<_, i64>(0))? as u64;
+            let pages: u64 =
+                tx.pragma_query_value(None, "page_count", |r| r.get::<_, i64>(0))? as u64;
             if pages * self.page_size <= self.budget.db_bytes {
                 break;
             }
-            let free: u64 = tx.pragma_query_value(None, "freelist_count", |r| r.get::<_, i64>(0))? as u64;
+            let free: u64 =
+                tx.pragma_query_value(None, "freelist_count", |r| r.get::<_, i64>(0))? as u64;
             if free > 0 {
                 let mut stmt = tx.prepare("PRAGMA incremental_vacuum")?;
                 let mut rows = stmt.query([])?;
@@ -263,7 +295,9 @@ impl Store {
     /// Keeps the WAL inside its share of the cap: a checkpoint that truncates it once it passes
     /// half its share (the other half is the room the next transaction may need).
     fn checkpoint_if_needed(&self, conn: &Connection) -> Result<()> {
-        let wal = std::fs::metadata(wal_path(&self.path)).map(|m| m.len()).unwrap_or(0);
+        let wal = std::fs::metadata(wal_path(&self.path))
+            .map(|m| m.len())
+            .unwrap_or(0);
         if wal > self.budget.wal_bytes / 2 || self.disk_usage() > self.budget.cap {
             conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
         }
@@ -274,9 +308,16 @@ impl Store {
     pub fn oldest(&self, limit: usize) -> Result<Vec<QueuedEvent>> {
         let leased = self.leased().clone();
         let conn = self.conn();
-        let mut stmt = conn.prepare_cached("SELECT seq, ts, event_id, body FROM events ORDER BY ts, seq LIMIT ?1")?;
+        let mut stmt = conn.prepare_cached(
+            "SELECT seq, ts, event_id, body FROM events ORDER BY ts, seq LIMIT ?1",
+        )?;
         let rows = stmt.query_map([(limit + leased.len()) as i64], |r| {
-            Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?, r.get::<_, String>(2)?, r.get::<_, String>(3)?))
+            Ok((
+                r.get::<_, i64>(0)?,
+                r.get::<_, i64>(1)?,
+                r.get::<_, String>(2)?,
+                r.get::<_, String>(3)?,
+            ))
         })?;
         let mut out = Vec::with_capacity(limit);
         for row in rows {
@@ -284,8 +325,15 @@ impl Store {
             if leased.contains(&(seq as u64)) {
                 continue;
             }
-            let Ok(id) = Uuid::try_parse(&id) else { continue };
-            out.push(QueuedEvent { ts_ms: ts, seq: seq as u64, id: EventId(id), json: body.into_boxed_str() });
+            let Ok(id) = Uuid::try_parse(&id) else {
+                continue;
+            };
+            out.push(QueuedEvent {
+                ts_ms: ts,
+                seq: seq as u64,
+                id: EventId(id),
+                json: body.into_boxed_str(),
+            });
             if out.len() == limit {
                 break;
             }
@@ -330,8 +378,11 @@ impl Store {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
         let seqs: Vec<i64> = {
-            let mut stmt = tx.prepare_cached("SELECT seq FROM events WHERE ts < ?1 ORDER BY ts, seq LIMIT 10000")?;
-            stmt.query_map([cutoff_ms], |r| r.get(0))?.collect::<rusqlite::Result<_>>()?
+            let mut stmt = tx.prepare_cached(
+                "SELECT seq FROM events WHERE ts < ?1 ORDER BY ts, seq LIMIT 10000",
+            )?;
+            stmt.query_map([cutoff_ms], |r| r.get(0))?
+                .collect::<rusqlite::Result<_>>()?
         };
         let mut n = 0;
         {
@@ -355,7 +406,11 @@ impl Store {
         let n = if leased.is_empty() {
             conn.execute("DELETE FROM events", [])?
         } else {
-            let list = leased.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(",");
+            let list = leased
+                .iter()
+                .map(|s| s.to_string())
+                .collect::<Vec<_>>()
+                .join(",");
             conn.execute(&format!("DELETE FROM events WHERE seq NOT IN ({list})"), [])?
         } as u64;
         drop(conn);
@@ -363,11 +418,15 @@ impl Store {
         Ok(n)
     }
 
-    /// The persisted counters (`dropped.*`), by name.
+    /// The persisted counters (`dropped.*`), by name: what an operator's status shows after the
+    /// app that counted them has exited.
+    #[allow(dead_code)]
     pub fn counters(&self) -> Result<Vec<(String, u64)>> {
         let conn = self.conn();
         let mut stmt = conn.prepare_cached("SELECT name, value FROM counters ORDER BY name")?;
-        let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)? as u64)))?;
+        let rows = stmt.query_map([], |r| {
+            Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)? as u64))
+        })?;
         Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 
@@ -381,10 +440,16 @@ impl Store {
     }
 
     /// Moves selected quarantined events back into the queue with new seqs and the same ids.
-    pub fn redrive(&self, selector: &crate::quarantine::Selector, mut next_seq: impl FnMut() -> u64) -> Result<u64> {
+    pub fn redrive(
+        &self,
+        selector: &crate::quarantine::Selector,
+        mut next_seq: impl FnMut() -> u64,
+    ) -> Result<u64> {
         let n = self.with_quarantine(|q| {
             let taken = q.take(selector)?;
-            let mut stmt = q.tx().prepare_cached("INSERT OR IGNORE INTO events (seq, ts, event_id, body) VALUES (?1, ?2, ?3, ?4)")?;
+            let mut stmt = q.tx().prepare_cached(
+                "INSERT OR IGNORE INTO events (seq, ts, event_id, body) VALUES (?1, ?2, ?3, ?4)",
+            )?;
             let mut n = 0;
             for e in &taken {
                 n += stmt.execute(params![next_seq() as i64, e.ts_ms, e.event_id, e.body])? as u64;
@@ -399,11 +464,16 @@ impl Store {
 fn evict_oldest(tx: &Transaction<'_>, want: u64, leased: &[u64]) -> Result<u64> {
     let seqs: Vec<i64> = {
         let mut stmt = tx.prepare_cached("SELECT seq FROM events ORDER BY ts, seq LIMIT ?1")?;
-        stmt.query_map([(want as usize + leased.len()) as i64], |r| r.get(0))?.collect::<rusqlite::Result<_>>()?
+        stmt.query_map([(want as usize + leased.len()) as i64], |r| r.get(0))?
+            .collect::<rusqlite::Result<_>>()?
     };
     let mut stmt = tx.prepare_cached("DELETE FROM events WHERE seq = ?1")?;
     let mut n = 0;
-    for seq in seqs.into_iter().filter(|s| !leased.contains(&(*s as u64))).take(want as usize) {
+    for seq in seqs
+        .into_iter()
+        .filter(|s| !leased.contains(&(*s as u64)))
+        .take(want as usize)
+    {
         n += stmt.execute([seq])? as u64;
     }
     Ok(n)
@@ -434,7 +504,10 @@ fn create_private(path: &Path) -> Result<()> {
     options.create(true).append(true);
     #[cfg(unix)]
     std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-    options.open(path).map(|_| ()).map_err(|e| storage("cannot create", path, e))
+    options
+        .open(path)
+        .map(|_| ())
+        .map_err(|e| storage("cannot create", path, e))
 }
 
 /// One owner per store: an advisory lock on `<db>.lock`, released when the handle closes (or
@@ -445,7 +518,9 @@ fn acquire_lock(path: &Path) -> Result<File> {
     options.create(true).truncate(false).write(true);
     #[cfg(unix)]
     std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-    let file = options.open(&lock_path).map_err(|e| storage("cannot create lock", &lock_path, e))?;
+    let file = options
+        .open(&lock_path)
+        .map_err(|e| storage("cannot create lock", &lock_path, e))?;
     match file.try_lock() {
         Ok(()) => Ok(file),
         Err(std::fs::TryLockError::WouldBlock) => Err(Error::Storage(format!(

@@ -12,7 +12,8 @@ pub struct QuarantineSql<'a> {
     tx: &'a Transaction<'a>,
 }
 
-const COLUMNS: &str = "event_id, ts, body, reason, detail, status, attempts, first_failed_ms, last_failed_ms";
+const COLUMNS: &str =
+    "event_id, ts, body, reason, detail, status, attempts, first_failed_ms, last_failed_ms";
 
 fn row_to_event(r: &Row<'_>) -> rusqlite::Result<QuarantinedEvent> {
     Ok(QuarantinedEvent {
@@ -51,8 +52,17 @@ impl<'a> QuarantineSql<'a> {
     }
 
     /// Adds (or refreshes) entries, then applies the cap and the retention.
-    pub fn add(&self, events: &[QuarantinedEvent], max_events: u64, retention_cutoff_ms: i64) -> Result<Evicted> {
-        let next: i64 = self.tx.query_row("SELECT coalesce(max(quarantined_seq), 0) + 1 FROM quarantine", [], |r| r.get(0))?;
+    pub fn add(
+        &self,
+        events: &[QuarantinedEvent],
+        max_events: u64,
+        retention_cutoff_ms: i64,
+    ) -> Result<Evicted> {
+        let next: i64 = self.tx.query_row(
+            "SELECT coalesce(max(quarantined_seq), 0) + 1 FROM quarantine",
+            [],
+            |r| r.get(0),
+        )?;
         {
             let mut stmt = self.tx.prepare_cached(
                 "INSERT INTO quarantine (event_id, ts, body, reason, detail, status, attempts, first_failed_ms,
@@ -82,10 +92,19 @@ impl<'a> QuarantineSql<'a> {
 
     /// Applies `quarantine_retention_ms` and `quarantine_max_events`, oldest out first.
     pub fn enforce(&self, max_events: u64, retention_cutoff_ms: i64) -> Result<Evicted> {
-        let expired = self.tx.execute("DELETE FROM quarantine WHERE last_failed_ms < ?1", [retention_cutoff_ms])? as u64;
-        let count: i64 = self.tx.query_row("SELECT count(*) FROM quarantine", [], |r| r.get(0))?;
+        let expired = self.tx.execute(
+            "DELETE FROM quarantine WHERE last_failed_ms < ?1",
+            [retention_cutoff_ms],
+        )? as u64;
+        let count: i64 = self
+            .tx
+            .query_row("SELECT count(*) FROM quarantine", [], |r| r.get(0))?;
         let over = (count as u64).saturating_sub(max_events);
-        let cap = if over > 0 { Self::evict_oldest(self.tx, over)? } else { 0 };
+        let cap = if over > 0 {
+            Self::evict_oldest(self.tx, over)?
+        } else {
+            0
+        };
         if expired > 0 {
             bump(self.tx, counter::QUARANTINE_EXPIRED, expired)?;
         }
@@ -105,7 +124,11 @@ impl<'a> QuarantineSql<'a> {
     }
 
     pub fn list(&self, filter: &ListFilter) -> Result<Vec<QuarantinedEvent>> {
-        let limit = if filter.limit == 0 { -1 } else { filter.limit as i64 };
+        let limit = if filter.limit == 0 {
+            -1
+        } else {
+            filter.limit as i64
+        };
         let (clause, args) = match &filter.reason {
             Some(reason) => (" WHERE reason = ?1", vec![reason.clone()]),
             None => ("", vec![]),
@@ -120,7 +143,9 @@ impl<'a> QuarantineSql<'a> {
     }
 
     pub fn get(&self, event_id: &str) -> Result<Option<QuarantinedEvent>> {
-        let mut stmt = self.tx.prepare_cached(&format!("SELECT {COLUMNS} FROM quarantine WHERE event_id = ?1"))?;
+        let mut stmt = self.tx.prepare_cached(&format!(
+            "SELECT {COLUMNS} FROM quarantine WHERE event_id = ?1"
+        ))?;
         let mut rows = stmt.query_map([event_id], row_to_event)?;
         Ok(rows.next().transpose()?)
     }
@@ -129,23 +154,34 @@ impl<'a> QuarantineSql<'a> {
     pub fn take(&self, selector: &Selector) -> Result<Vec<QuarantinedEvent>> {
         let (clause, args) = where_clause(selector);
         let taken: Vec<QuarantinedEvent> = {
-            let mut stmt =
-                self.tx.prepare(&format!("SELECT {COLUMNS} FROM quarantine{clause} ORDER BY quarantined_seq"))?;
+            let mut stmt = self.tx.prepare(&format!(
+                "SELECT {COLUMNS} FROM quarantine{clause} ORDER BY quarantined_seq"
+            ))?;
             let rows = stmt.query_map(params_from_iter(args.iter()), row_to_event)?;
             rows.collect::<rusqlite::Result<_>>()?
         };
-        self.tx.execute(&format!("DELETE FROM quarantine{clause}"), params_from_iter(args.iter()))?;
+        self.tx.execute(
+            &format!("DELETE FROM quarantine{clause}"),
+            params_from_iter(args.iter()),
+        )?;
         Ok(taken)
     }
 
     pub fn purge(&self, selector: &Selector) -> Result<u64> {
         let (clause, args) = where_clause(selector);
-        Ok(self.tx.execute(&format!("DELETE FROM quarantine{clause}"), params_from_iter(args.iter()))? as u64)
+        Ok(self.tx.execute(
+            &format!("DELETE FROM quarantine{clause}"),
+            params_from_iter(args.iter()),
+        )? as u64)
     }
 
     pub fn counts(&self) -> Result<BTreeMap<String, u64>> {
-        let mut stmt = self.tx.prepare_cached("SELECT reason, count(*) FROM quarantine GROUP BY reason")?;
-        let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)? as u64)))?;
+        let mut stmt = self
+            .tx
+            .prepare_cached("SELECT reason, count(*) FROM quarantine GROUP BY reason")?;
+        let rows = stmt.query_map([], |r| {
+            Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)? as u64))
+        })?;
         Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 }

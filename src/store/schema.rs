@@ -52,7 +52,10 @@ impl std::fmt::Display for Unusable {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Unusable::NewerVersion(v) => {
-                write!(f, "schema version {v} is newer than this release understands ({SCHEMA_VERSION})")
+                write!(
+                    f,
+                    "schema version {v} is newer than this release understands ({SCHEMA_VERSION})"
+                )
             }
             Unusable::Foreign => f.write_str("the file is an SQLite database of another schema"),
         }
@@ -62,13 +65,25 @@ impl std::fmt::Display for Unusable {
 /// Settings that must hold for every connection. `auto_vacuum` only takes effect before the first
 /// table exists, which is why it comes before the migrations; it lets the store hand freed pages
 /// back to the file system so the on-disk size can honour `max_disk_bytes`.
-pub fn configure(conn: &Connection, wal_limit_bytes: u64, autocheckpoint_pages: u64) -> rusqlite::Result<()> {
+pub fn configure(
+    conn: &Connection,
+    wal_limit_bytes: u64,
+    autocheckpoint_pages: u64,
+) -> rusqlite::Result<()> {
     conn.busy_timeout(std::time::Duration::from_secs(5))?;
     conn.pragma_update(None, "auto_vacuum", "INCREMENTAL")?;
     conn.query_row("PRAGMA journal_mode = WAL", [], |_| Ok(()))?;
     conn.pragma_update(None, "synchronous", "NORMAL")?;
-    conn.query_row(&format!("PRAGMA journal_size_limit = {wal_limit_bytes}"), [], |_| Ok(()))?;
-    conn.query_row(&format!("PRAGMA wal_autocheckpoint = {autocheckpoint_pages}"), [], |_| Ok(()))?;
+    conn.query_row(
+        &format!("PRAGMA journal_size_limit = {wal_limit_bytes}"),
+        [],
+        |_| Ok(()),
+    )?;
+    conn.query_row(
+        &format!("PRAGMA wal_autocheckpoint = {autocheckpoint_pages}"),
+        [],
+        |_| Ok(()),
+    )?;
     Ok(())
 }
 
@@ -80,7 +95,11 @@ pub fn migrate(conn: &mut Connection) -> Result<Result<(), Unusable>, rusqlite::
     }
     if version == 0 {
         let foreign: Option<String> = conn
-            .query_row("SELECT name FROM sqlite_master WHERE type = 'table' LIMIT 1", [], |r| r.get(0))
+            .query_row(
+                "SELECT name FROM sqlite_master WHERE type = 'table' LIMIT 1",
+                [],
+                |r| r.get(0),
+            )
             .optional()?;
         if foreign.is_some() {
             return Ok(Err(Unusable::Foreign));

@@ -36,7 +36,10 @@ pub struct HttpResponse {
 impl HttpResponse {
     /// The first header of that name, case-insensitively.
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
     }
 }
 
@@ -56,5 +59,8 @@ pub enum TransportError {
 }
 
 pub trait Transport: Send + Sync + 'static {
-    fn send(&self, request: HttpRequest) -> BoxFuture<'static, Result<HttpResponse, TransportError>>;
+    fn send(
+        &self,
+        request: HttpRequest,
+    ) -> BoxFuture<'static, Result<HttpResponse, TransportError>>;
 }

@@ -38,12 +38,17 @@ fn install_crypto_provider() {
 }
 
 impl Transport for ReqwestTransport {
-    fn send(&self, request: HttpRequest) -> BoxFuture<'static, Result<HttpResponse, TransportError>> {
+    fn send(
+        &self,
+        request: HttpRequest,
+    ) -> BoxFuture<'static, Result<HttpResponse, TransportError>> {
         let client = self.client.clone();
         Box::pin(async move {
             let method = reqwest::Method::from_bytes(request.method.as_bytes())
                 .map_err(|_| TransportError::Io(format!("bad method {}", request.method)))?;
-            let mut builder = client.request(method, &request.url).timeout(request.timeout);
+            let mut builder = client
+                .request(method, &request.url)
+                .timeout(request.timeout);
             for (name, value) in &request.headers {
                 builder = builder.header(name, value);
             }
@@ -67,7 +72,11 @@ impl Transport for ReqwestTransport {
                     Err(_) => break,
                 }
             }
-            Ok(HttpResponse { status, headers, body })
+            Ok(HttpResponse {
+                status,
+                headers,
+                body,
+            })
         })
     }
 }

@@ -1,0 +1,429 @@
+//! Issue 3: classification rows, retry budgets and the state machine the UI shows.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use eventspool::collector::Scripted;
+use eventspool::retry::backoff_ceiling_ms;
+use eventspool::{DeliveryState, EventSpool, PauseReason};
+use serde_json::json;
+
+use crate::common::*;
+
+const STEP: Duration = Duration::from_secs(1);
+
+/// The seed story: outage → Sending → RetryScheduled 1..5 of 5 with a ticking countdown →
+/// WaitingForUser{5} → retry_now fails → WaitingForUser{6} → collector back → retry_now → Idle.
+#[test]
+fn seed_story_outage_countdown_manual_retry_and_drain() {
+    let collector = collector();
+    collector.set_outage(true).unwrap();
+    let (clock, dyn_clock) = manual_clock();
+    let recorder = Arc::new(Recorder::default());
+    let cfg = config(&collector);
+    let spool = EventSpool::builder(cfg)
+        .clock(dyn_clock)
+        .observer(recorder.clone())
+        .open()
+        .unwrap();
+    for i in 0..30 {
+        spool.track("story", json!({"i": i})).unwrap();
+    }
+    spool.flush();
+    wait_state(&spool, "first retry", |s| {
+        matches!(s, DeliveryState::RetryScheduled { attempt: 1, .. })
+    });
+    // Step the clock a second at a time until the budget is spent.
+    let mut steps = 0;
+    loop {
+        let state = spool.state().state;
+        if matches!(state, DeliveryState::WaitingForUser { .. }) {
+            break;
+        }
+        steps += 1;
+        assert!(steps < 400, "budget never ran out");
+        let settled = || matches!(spool.state().state, DeliveryState::WaitingForUser { .. });
+        assert!(
+            clock.step(STEP, WAIT, settled),
+            "worker did not react to the clock"
+        );
+    }
+    assert!(matches!(
+        spool.state().state,
+        DeliveryState::WaitingForUser { attempts: 5, .. }
+    ));
+    spool.retry_now();
+    wait_state(&spool, "6 attempts", |s| {
+        matches!(s, DeliveryState::WaitingForUser { attempts: 6, .. })
+    });
+    collector.set_outage(false).unwrap();
+    spool.retry_now();
+    assert!(spool.wait_drained(WAIT), "{}", spool.state());
+    assert_eq!(collector.distinct_count(), 30);
+
+    // The observer is called just after the state is published; give it that moment.
+    let _ = spool.wait_for(WAIT, |_| {
+        recorder.seen().last().is_some_and(|s| s.pending == 0)
+    });
+    let seen = recorder.seen();
+    let names: Vec<&str> = seen.iter().map(|s| s.state.name()).collect();
+    assert_eq!(
+        names.iter().position(|n| *n == "sending"),
+        Some(names.iter().position(|n| *n != "idle").unwrap())
+    );
+    let mut attempts_seen = Vec::new();
+    let mut last: Option<(u32, u64)> = None;
+    for status in &seen {
+        if let DeliveryState::RetryScheduled {
+            attempt,
+            max_attempts,
+            retry_in_ms,
+            ..
+        } = status.state
+        {
+            assert_eq!(max_attempts, 5);
+            assert!(
+                retry_in_ms <= backoff_ceiling_ms(attempt, 1000, 30_000),
+                "countdown over the bound"
+            );
+            if attempts_seen.last() != Some(&attempt) {
+                attempts_seen.push(attempt);
+            } else if let Some((a, previous)) = last
+                && a == attempt
+            {
+                assert!(
+                    retry_in_ms < previous,
+                    "countdown ticks down: {previous} then {retry_in_ms}"
+                );
+                assert!(previous - retry_in_ms <= 1000, "once a second");
+            }
+            last = Some((attempt, retry_in_ms));
+        }
+    }
+    assert_eq!(attempts_seen, [1, 2, 3, 4, 5]);
+    let waiting: Vec<u32> = seen
+        .iter()
+        .filter_map(|s| match s.state {
+            DeliveryState::WaitingForUser { attempts, .. } => Some(attempts),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(waiting.first(), Some(&5));
+    assert!(waiting.contains(&6));
+    let end = seen.last().unwrap();
+    assert_eq!((end.state.clone(), end.pending), (DeliveryState::Idle, 0));
+    let ticks = seen
+        .iter()
+        .filter(|s| matches!(s.state, DeliveryState::RetryScheduled { .. }))
+        .count();
+    assert!(
+        ticks > 5,
+        "observer saw the countdown tick ({ticks} RetryScheduled calls)"
+    );
+}
+
+#[test]
+fn dismiss_keeps_events_until_the_next_reconnect() {
+    let collector = collector();
+    collector.set_outage(true).unwrap();
+    let (_clock, dyn_clock) = manual_clock();
+    let spool = EventSpool::builder(config(&collector))
+        .clock(dyn_clock)
+        .open()
+        .unwrap();
+    for i in 0..25 {
+        spool.track("kept", json!({"i": i})).unwrap();
+    }
+    spool.flush();
+    wait_state(&spool, "retry scheduled", |s| {
+        matches!(s, DeliveryState::RetryScheduled { .. })
+    });
+    spool.dismiss();
+    let status = wait_state(&spool, "idle", |s| *s == DeliveryState::Idle);
+    assert_eq!(status.pending, 25, "dismiss keeps every event");
+    collector.set_outage(false).unwrap();
+    spool.track("more", json!({})).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(
+        collector.distinct_count(),
+        0,
+        "after Back, flush_at does not restart sending"
+    );
+    spool.set_online(false);
+    spool.set_online(true);
+    assert!(spool.wait_drained(WAIT));
+    assert_eq!(collector.distinct_count(), 26);
+}
+
+#[test]
+fn unauthorized_pauses_without_requests_until_a_new_key() {
+    let collector = collector();
+    collector.set_behavior(eventspool::collector::Behavior {
+        required_api_key: Some("good".into()),
+        ..Default::default()
+    });
+    let mut cfg = config(&collector);
+    cfg.api_key = Some("stale".into());
+    let spool = EventSpool::builder(cfg)
+        .clock(instant_clock())
+        .open()
+        .unwrap();
+    for i in 0..40 {
+        spool.track("auth", json!({"i": i})).unwrap();
+    }
+    let status = wait_state(&spool, "paused", |s| {
+        matches!(s, DeliveryState::Paused { .. })
+    });
+    let DeliveryState::Paused { reason, last_error } = status.state else {
+        unreachable!()
+    };
+    assert_eq!(reason, PauseReason::Auth);
+    assert_eq!(last_error.status, Some(401));
+    assert_eq!(status.pending, 40, "a pause drops nothing");
+    let requests = collector.request_count();
+    spool.flush();
+    spool.track("while paused", json!({})).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(
+        collector.request_count(),
+        requests,
+        "no request while paused"
+    );
+    spool.set_api_key(Some("good".into())).unwrap();
+    assert!(spool.wait_drained(WAIT), "{}", spool.state());
+    assert_eq!(collector.distinct_count(), 41);
+    let stats = spool.stats();
+    assert_eq!(stats.quarantined + stats.dropped_from_queue(), 0);
+}
+
+#[test]
+fn other_4xx_and_redirects_pause_as_config() {
+    for status in [404u16, 302] {
+        let collector = collector();
+        collector.push_statuses(&[status]);
+        let spool = EventSpool::builder(config(&collector))
+            .clock(instant_clock())
+            .open()
+            .unwrap();
+        spool.track("c", json!({})).unwrap();
+        spool.flush();
+        let s = wait_state(&spool, "paused", |s| {
+            matches!(
+                s,
+                DeliveryState::Paused {
+                    reason: PauseReason::Config,
+                    ..
+                }
+            )
+        });
+        assert_eq!(s.pending, 1);
+        spool.resume();
+        assert!(spool.wait_drained(WAIT));
+        assert_eq!(collector.distinct_count(), 1);
+    }
+}
+
+#[test]
+fn retry_after_is_honoured_on_the_driven_clock_and_capped() {
+    let collector = collector();
+    collector.push_script([Scripted::Status {
+        status: 429,
+        body: String::new(),
+        headers: vec![("Retry-After".into(), "7".into())],
+    }]);
+    let (clock, dyn_clock) = manual_clock();
+    let spool = EventSpool::builder(config(&collector))
+        .clock(dyn_clock)
+        .open()
+        .unwrap();
+    spool.track("limited", json!({})).unwrap();
+    spool.flush();
+    let s = wait_state(&spool, "retry", |s| {
+        matches!(s, DeliveryState::RetryScheduled { .. })
+    });
+    let DeliveryState::RetryScheduled { retry_in_ms, .. } = s.state else {
+        unreachable!()
+    };
+    assert!(
+        retry_in_ms >= 7_000,
+        "not before Retry-After: {retry_in_ms}"
+    );
+    for _ in 0..6 {
+        clock.step(STEP, WAIT, || false);
+        assert_eq!(collector.request_count(), 1, "no request before 7 s");
+    }
+    for _ in 0..30 {
+        if collector.distinct_count() == 1 {
+            break;
+        }
+        clock.step(STEP, WAIT, || spool.state().pending == 0);
+    }
+    assert!(collector.wait_for_distinct(1, WAIT));
+
+    // Ten years is capped by retry_after_cap_ms.
+    let collector = collector_with_retry_after("315360000");
+    let (_clock, dyn_clock) = manual_clock();
+    let mut cfg = config(&collector);
+    cfg.retry_after_cap_ms = 60_000;
+    let spool = EventSpool::builder(cfg).clock(dyn_clock).open().unwrap();
+    spool.track("limited", json!({})).unwrap();
+    spool.flush();
+    let s = wait_state(&spool, "retry", |s| {
+        matches!(s, DeliveryState::RetryScheduled { .. })
+    });
+    let DeliveryState::RetryScheduled { retry_in_ms, .. } = s.state else {
+        unreachable!()
+    };
+    assert!(
+        (60_000 - 1_000..=60_000).contains(&retry_in_ms),
+        "capped: {retry_in_ms}"
+    );
+}
+
+fn collector_with_retry_after(value: &str) -> eventspool::collector::ReferenceCollector {
+    let c = collector();
+    c.push_script([Scripted::Status {
+        status: 429,
+        body: String::new(),
+        headers: vec![("Retry-After".into(), value.into())],
+    }]);
+    c
+}
+
+#[test]
+fn elapsed_budget_hands_over_to_the_user() {
+    let collector = collector();
+    collector.set_outage(true).unwrap();
+    let mut cfg = config(&collector);
+    cfg.max_auto_attempts = 50;
+    cfg.max_retry_elapsed_ms = 20_000;
+    let spool = EventSpool::builder(cfg)
+        .clock(instant_clock())
+        .open()
+        .unwrap();
+    spool.track("e", json!({})).unwrap();
+    spool.flush();
+    let s = wait_state(&spool, "waiting", |s| {
+        matches!(s, DeliveryState::WaitingForUser { .. })
+    });
+    let DeliveryState::WaitingForUser { attempts, .. } = s.state else {
+        unreachable!()
+    };
+    assert!(
+        attempts < 50,
+        "the elapsed budget ended the episode first ({attempts})"
+    );
+}
+
+#[test]
+fn offline_makes_no_attempts_and_reconnect_starts_a_fresh_episode() {
+    let collector = collector();
+    collector.set_outage(true).unwrap();
+    let spool = EventSpool::builder(config(&collector))
+        .clock(instant_clock())
+        .open()
+        .unwrap();
+    spool.track("o", json!({})).unwrap();
+    spool.flush();
+    wait_state(&spool, "waiting", |s| {
+        matches!(s, DeliveryState::WaitingForUser { .. })
+    });
+    spool.set_online(false);
+    wait_state(&spool, "offline", |s| *s == DeliveryState::Offline);
+    collector.set_outage(false).unwrap();
+    let before = collector.request_count();
+    spool.flush();
+    spool.retry_now();
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(
+        collector.request_count(),
+        before,
+        "offline: no attempts at all"
+    );
+    spool.set_online(true);
+    assert!(spool.wait_drained(WAIT));
+    assert_eq!(collector.distinct_count(), 1);
+}
+
+#[test]
+fn opt_out_stops_tracking_and_purge_deletes_the_queue() {
+    let collector = collector();
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(&collector);
+    cfg.db_path = Some(dir.path().join("e.db"));
+    cfg.memory_capacity = 10;
+    let spool = EventSpool::builder(cfg).start_offline().open().unwrap();
+    for i in 0..50 {
+        spool.track("before", json!({"i": i})).unwrap();
+    }
+    spool.set_enabled(false);
+    assert!(matches!(
+        spool.track("after", json!({})),
+        Err(eventspool::Error::Disabled)
+    ));
+    assert_eq!(spool.purge_pending().unwrap(), 50);
+    spool.set_online(true);
+    wait_state(&spool, "disabled", |s| *s == DeliveryState::Disabled);
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(
+        collector.request_count(),
+        0,
+        "nothing queued is sent after opt-out"
+    );
+    let stats = spool.stats();
+    assert_eq!(stats.dropped(eventspool::DropReason::Purged), 50);
+    assert!(stats.balances());
+}
+
+#[test]
+fn a_panicking_observer_does_not_stop_delivery() {
+    let collector = collector();
+    let spool = EventSpool::builder(config(&collector))
+        .observer(Arc::new(|_: &eventspool::DeliveryStatus| {
+            panic!("observer bug")
+        }))
+        .open()
+        .unwrap();
+    for i in 0..30 {
+        spool.track("p", json!({"i": i})).unwrap();
+    }
+    assert!(spool.wait_drained(WAIT));
+    assert_eq!(collector.distinct_count(), 30);
+    assert!(spool.stats().panics > 0);
+}
+
+#[test]
+fn a_pause_survives_a_reconnect() {
+    let collector = collector();
+    collector.push_statuses(&[403]);
+    let spool = EventSpool::builder(config(&collector))
+        .clock(instant_clock())
+        .open()
+        .unwrap();
+    spool.track("x", json!({})).unwrap();
+    spool.flush();
+    wait_state(&spool, "paused", |s| {
+        matches!(
+            s,
+            DeliveryState::Paused {
+                reason: PauseReason::Auth,
+                ..
+            }
+        )
+    });
+    spool.set_online(false);
+    wait_state(&spool, "offline", |s| *s == DeliveryState::Offline);
+    spool.set_online(true);
+    wait_state(&spool, "paused again", |s| {
+        matches!(s, DeliveryState::Paused { .. })
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(
+        collector.request_count(),
+        1,
+        "a reconnect does not retry a refused key"
+    );
+    spool.resume();
+    assert!(spool.wait_drained(WAIT));
+    assert_eq!(collector.distinct_count(), 1);
+}

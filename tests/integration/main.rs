@@ -1,0 +1,7 @@
+//! Integration tests: the real spool against the reference collector on 127.0.0.1 and a real
+//! SQLite file in a temp dir. One binary with many modules, to link once.
+
+mod common;
+mod failures;
+mod pipeline;
+mod quarantine;

@@ -2,6 +2,8 @@
 //! drains, no client retries beyond its budget), never of speed. The full-size run with the
 //! comparison table is `cargo run --release --example fleet`.
 
+// The example reads fields and helpers this test has no use for.
+#[allow(dead_code)]
 #[path = "../examples/fleet/sim.rs"]
 mod sim;
 

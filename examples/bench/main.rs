@@ -3,7 +3,8 @@
 //!
 //! `cargo run --release --example bench [-- --quick]`
 //!
-//! Human table on stderr, JSON report on stdout. `--quick` skips the 1M-event growth runs.
+//! Human table on stderr, JSON report on stdout. `--quick` skips the 1M-event growth runs;
+//! `--only track,spill,drain,rss,cold` picks scenarios; `--sizes N,M` sets the spill/drain sizes.
 //! The peak-RSS run re-executes this binary (`--rss-child URL`) so that the high-water mark it
 //! reads belongs to that scenario alone. See BENCHMARKS.md for the figures and the machine.
 
@@ -218,19 +219,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if want("track") {
         emit(track::run()?);
     }
+    // `--sizes 10000,100000` replaces the growth series (e.g. to profile one size).
+    let sizes: Vec<usize> = match args
+        .iter()
+        .position(|a| a == "--sizes")
+        .and_then(|i| args.get(i + 1))
+    {
+        Some(list) => list.split(',').filter_map(|n| n.parse().ok()).collect(),
+        None if quick => vec![10_000, 100_000],
+        None => vec![10_000, 100_000, 1_000_000],
+    };
     if want("spill") {
-        emit(store::spill(if quick {
-            &[10_000, 100_000][..]
-        } else {
-            &[10_000, 100_000, 1_000_000][..]
-        })?);
+        emit(store::spill(&sizes)?);
     }
     if want("drain") {
-        emit(store::drain(if quick {
-            &[10_000, 100_000][..]
-        } else {
-            &[10_000, 100_000, 1_000_000][..]
-        })?);
+        emit(store::drain(&sizes)?);
     }
     if want("rss") {
         emit(rss::run()?);

@@ -2,7 +2,7 @@
 //! the same second and drain into a collector of limited capacity. Compares the SDK's full
 //! jitter with no jitter and equal jitter (those two exist only in the simulation).
 //!
-//! `cargo run --release --example fleet [-- --clients N --capacity C]`
+//! `cargo run --release --example fleet [-- --clients N --capacity C --reconnect-spread-ms MS]`
 //! Human table on stderr, JSON on stdout. See `sim.rs` for the model.
 
 #[path = "sim.rs"]
@@ -20,7 +20,10 @@ fn arg(name: &str) -> Option<u64> {
 
 fn main() {
     let clients = arg("--clients").unwrap_or(100_000) as usize;
-    let base = Params::new(clients, 0, Jitter::Full);
+    let mut base = Params::new(clients, 0, Jitter::Full);
+    if let Some(spread) = arg("--reconnect-spread-ms") {
+        base.reconnect_spread_ms = spread;
+    }
     let steady = base.steady_rate_per_s();
     // A collector sized with 2x headroom over the fleet's normal traffic.
     let capacity = arg("--capacity").unwrap_or((2.0 * steady).round() as u64);
@@ -54,6 +57,9 @@ fn main() {
     for jitter in [Jitter::Full, Jitter::Equal, Jitter::None] {
         let mut p = Params::new(clients, capacity, jitter);
         p.seed = 42;
+        if let Some(spread) = arg("--reconnect-spread-ms") {
+            p.reconnect_spread_ms = spread;
+        }
         let started = std::time::Instant::now();
         let r: Report = sim::run(&p);
         let wave = r.peak_rate_from(0);

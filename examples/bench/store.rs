@@ -10,12 +10,19 @@ use serde_json::json;
 
 use crate::{EVENT_NAME, Row, properties};
 
-const BIG_CAP: u64 = 8 << 30;
+/// The disk cap for spill and drain: large enough that nothing is evicted. The store derives its
+/// WAL limit from it, so `BENCH_DISK_CAP=<bytes>` lets a run see what that costs.
+fn big_cap() -> u64 {
+    std::env::var("BENCH_DISK_CAP")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(8 << 30)
+}
 
 fn config(endpoint: &str, db: &Path) -> Config {
     let mut cfg = Config::new(endpoint);
     cfg.db_path = Some(db.to_path_buf());
-    cfg.max_disk_bytes = BIG_CAP;
+    cfg.max_disk_bytes = big_cap();
     cfg
 }
 

@@ -1,0 +1,393 @@
+//! The store's paths against raw SQLite and a raw HTTP loop: spill while offline, draining a
+//! stored backlog to the reference collector, and a cold open with a backlog.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use eventspool::collector::{CollectorConfig, ReferenceCollector};
+use eventspool::{Compression, Config, EventSpool};
+use serde_json::json;
+
+use crate::{EVENT_NAME, Row, properties};
+
+/// The disk cap for spill and drain: large enough that nothing is evicted. The store derives its
+/// WAL limit from it, so `BENCH_DISK_CAP=<bytes>` lets a run see what that costs.
+fn big_cap() -> u64 {
+    std::env::var("BENCH_DISK_CAP")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(8 << 30)
+}
+
+fn config(endpoint: &str, db: &Path) -> Config {
+    let mut cfg = Config::new(endpoint);
+    cfg.db_path = Some(db.to_path_buf());
+    cfg.max_disk_bytes = big_cap();
+    cfg
+}
+
+/// Rows as the SDK would store them (ts, id, wire JSON), made before any timing starts.
+fn rows(n: usize) -> Vec<(i64, String, String)> {
+    let props = properties();
+    let base_ms = 1_764_417_600_000i64;
+    (0..n)
+        .map(|i| {
+            let id = uuid::Uuid::now_v7().to_string();
+            let ts = base_ms + i as i64;
+            let json = json!({"event_id": id, "name": EVENT_NAME, "timestamp": eventspool::event::format_timestamp(ts), "properties": props}).to_string();
+            (ts, id, json)
+        })
+        .collect()
+}
+
+/// Raw rusqlite: 1,000-row transactions, WAL, synchronous=NORMAL, integer key plus (ts, seq) index.
+fn raw_insert(path: &Path, rows: &[(i64, String, String)]) -> rusqlite::Result<f64> {
+    let mut conn = rusqlite::Connection::open(path)?;
+    conn.query_row("PRAGMA journal_mode=WAL", [], |_| Ok(()))?;
+    conn.execute_batch(
+        "PRAGMA synchronous=NORMAL;
+         CREATE TABLE events (seq INTEGER PRIMARY KEY, ts INTEGER NOT NULL, event_id TEXT NOT NULL, body TEXT NOT NULL);
+         CREATE INDEX events_ts ON events(ts, seq);",
+    )?;
+    let t = Instant::now();
+    for (chunk_no, chunk) in rows.chunks(1000).enumerate() {
+        let tx = conn.transaction()?;
+        {
+            let mut stmt = tx.prepare_cached(
+                "INSERT INTO events (seq, ts, event_id, body) VALUES (?1, ?2, ?3, ?4)",
+            )?;
+            for (i, (ts, id, body)) in chunk.iter().enumerate() {
+                stmt.execute(rusqlite::params![
+                    (chunk_no * 1000 + i) as i64,
+                    ts,
+                    id,
+                    body
+                ])?;
+            }
+        }
+        tx.commit()?;
+    }
+    Ok(rows.len() as f64 / t.elapsed().as_secs_f64())
+}
+
+/// Waits until the spiller has emptied the spill queue (memory back down to its capacity).
+fn wait_spilled(spool: &EventSpool, capacity: u64) -> eventspool::Stats {
+    loop {
+        let stats = spool.stats();
+        if stats.pending_memory <= capacity {
+            return stats;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Runs below 1M events are repeated this many times; the report takes each side's median.
+pub fn reps(n: usize) -> usize {
+    if n >= 1_000_000 { 1 } else { 3 }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+pub fn spill(sizes: &[usize]) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
+    let mut out = Vec::new();
+    for &n in sizes {
+        let (mut ours, mut base, mut details) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..reps(n) {
+            let (o, b, d) = spill_once(n)?;
+            ours.push(o);
+            base.push(b);
+            details.push(d);
+        }
+        let (o, b) = (median(ours.clone()), median(base.clone()));
+        let made: Vec<f64> = details
+            .iter()
+            .filter_map(|d| d["raw_with_row_creation_events_per_s"].as_f64())
+            .collect();
+        let made = median(made);
+        out.push(
+            Row::rate(
+                format!("spill offline, {n} events"),
+                o,
+                b,
+                "events/s",
+                Some(0.5),
+            )
+            .with(json!({
+                "ours_runs": ours, "baseline_runs": base, "runs": details,
+                "ours_us_per_event": 1e6 / o, "baseline_us_per_event": 1e6 / b,
+                "ratio_vs_raw_with_row_creation": o / made,
+            })),
+        );
+    }
+    Ok(out)
+}
+
+fn spill_once(n: usize) -> Result<(f64, f64, serde_json::Value), Box<dyn std::error::Error>> {
+    {
+        let dir = tempfile::tempdir()?;
+        let base = raw_insert(&dir.path().join("raw.db"), &rows(n))?;
+        // The same raw insert paying for making its rows (uuid + serde_json), as track() does.
+        let t = Instant::now();
+        let made = rows(n);
+        let making_s = t.elapsed().as_secs_f64();
+        let insert_rate = raw_insert(&dir.path().join("raw-made.db"), &made)?;
+        let with_creation = n as f64 / (making_s + n as f64 / insert_rate);
+        let mut cfg = config("http://127.0.0.1:9/unused", &dir.path().join("events.db"));
+        cfg.memory_capacity = 1_000;
+        let spool = EventSpool::builder(cfg).start_offline().open()?;
+        let template = properties();
+        let t = Instant::now();
+        for _ in 0..n {
+            spool.track(EVENT_NAME, template.clone())?;
+        }
+        let tracked_in = t.elapsed();
+        let stats = wait_spilled(&spool, 1_000);
+        let elapsed = t.elapsed().as_secs_f64();
+        let rate = stats.pending_disk as f64 / elapsed;
+        spool.shutdown(Duration::from_secs(10))?;
+        let dropped: u64 = stats.dropped.values().sum();
+        Ok((
+            rate,
+            base,
+            json!({
+                "on_disk": stats.pending_disk, "dropped": dropped,
+                "raw_with_row_creation_events_per_s": with_creation,
+                "track_loop_s": tracked_in.as_secs_f64(), "until_spilled_s": elapsed,
+            }),
+        ))
+    }
+}
+
+/// Fills a store with `n` events through `track()` + `persist()` (nothing dropped), closed.
+fn fill(path: &Path, n: usize) -> Result<(), Box<dyn std::error::Error>> {
+    let mut cfg = config("http://127.0.0.1:9/unused", path);
+    cfg.memory_capacity = 20_000;
+    let spool = EventSpool::builder(cfg).start_offline().open()?;
+    let template = properties();
+    for i in 0..n {
+        spool.track(EVENT_NAME, template.clone())?;
+        if (i + 1) % 10_000 == 0 {
+            spool.persist()?;
+        }
+    }
+    spool.shutdown(Duration::from_secs(30))?;
+    Ok(())
+}
+
+fn copy_store(from: &Path, to: &Path) -> std::io::Result<()> {
+    std::fs::copy(from, to)?;
+    let wal = PathBuf::from(format!("{}-wal", from.display()));
+    if wal.exists() {
+        std::fs::copy(&wal, format!("{}-wal", to.display()))?;
+    }
+    Ok(())
+}
+
+fn collector(dir: &Path, name: &str) -> std::io::Result<ReferenceCollector> {
+    ReferenceCollector::start(CollectorConfig {
+        db_path: Some(dir.join(name)),
+        max_request_records: 16,
+        ..CollectorConfig::default()
+    })
+}
+
+/// Opens a copy of the filled store online and times it until the collector holds every event.
+fn drain_ours(
+    dir: &Path,
+    filled: &Path,
+    n: usize,
+    compression: Compression,
+    tag: &str,
+) -> Result<(f64, u64), Box<dyn std::error::Error>> {
+    let db = dir.join(format!("drain-{tag}.db"));
+    copy_store(filled, &db)?;
+    let c = collector(dir, &format!("collector-{tag}.db"))?;
+    let mut cfg = config(&c.url(), &db);
+    cfg.min_batch_interval_ms = 0;
+    cfg.compression = compression;
+    let t = Instant::now();
+    let spool = EventSpool::open(cfg)?;
+    let drained = spool.wait_drained(Duration::from_secs(1800));
+    let elapsed = t.elapsed().as_secs_f64();
+    let requests = spool.stats().requests;
+    spool.shutdown(Duration::from_secs(10))?;
+    if !drained || c.distinct_count() != n as u64 {
+        return Err(format!(
+            "drain {tag}: drained={drained}, collector holds {} of {n}",
+            c.distinct_count()
+        )
+        .into());
+    }
+    Ok((n as f64 / elapsed, requests))
+}
+
+/// The raw loop: the same stored bodies, 100 per request, POSTed one after another by reqwest.
+fn drain_raw(
+    dir: &Path,
+    filled: &Path,
+    n: usize,
+    gzip: bool,
+    tag: &str,
+) -> Result<f64, Box<dyn std::error::Error>> {
+    let conn = rusqlite::Connection::open(filled)?;
+    let bodies: Vec<String> = {
+        let mut stmt = conn.prepare("SELECT body FROM events ORDER BY ts, seq")?;
+        stmt.query_map([], |r| r.get(0))?
+            .collect::<rusqlite::Result<_>>()?
+    };
+    drop(conn);
+    let sent_at = eventspool::event::format_timestamp(1_764_417_600_000);
+    let batches: Vec<Vec<u8>> = bodies
+        .chunks(100)
+        .map(|chunk| {
+            format!(
+                "{{\"sent_at\":\"{sent_at}\",\"batch\":[{}]}}",
+                chunk.join(",")
+            )
+            .into_bytes()
+        })
+        .collect();
+    let c = collector(dir, &format!("collector-raw-{tag}.db"))?;
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let client = reqwest::Client::builder()
+        .retry(reqwest::retry::never())
+        .build()?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let url = c.url();
+    let t = Instant::now();
+    runtime.block_on(async {
+        for body in batches {
+            let mut request = client.post(&url).header("Content-Type", "application/json");
+            let body = if gzip {
+                request = request.header("Content-Encoding", "gzip");
+                let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+                std::io::Write::write_all(&mut e, &body)?;
+                e.finish()?
+            } else {
+                body
+            };
+            let response = request.body(body).send().await?;
+            if !response.status().is_success() {
+                return Err(format!("raw loop: collector answered {}", response.status()).into());
+            }
+            response.bytes().await?;
+        }
+        Ok::<(), Box<dyn std::error::Error>>(())
+    })?;
+    let elapsed = t.elapsed().as_secs_f64();
+    if c.distinct_count() != n as u64 {
+        return Err(format!("raw loop: collector holds {} of {n}", c.distinct_count()).into());
+    }
+    Ok(n as f64 / elapsed)
+}
+
+pub fn drain(sizes: &[usize]) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
+    let mut out = Vec::new();
+    for &n in sizes {
+        let dir = tempfile::tempdir()?;
+        let filled = dir.path().join("filled.db");
+        fill(&filled, n)?;
+        let (mut b, mut o, mut bg, mut og) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut requests, mut requests_gz) = (0, 0);
+        for rep in 0..reps(n) {
+            b.push(drain_raw(
+                dir.path(),
+                &filled,
+                n,
+                false,
+                &format!("plain{rep}"),
+            )?);
+            let (rate, r) = drain_ours(
+                dir.path(),
+                &filled,
+                n,
+                Compression::None,
+                &format!("plain{rep}"),
+            )?;
+            o.push(rate);
+            requests = r;
+            bg.push(drain_raw(
+                dir.path(),
+                &filled,
+                n,
+                true,
+                &format!("gzip{rep}"),
+            )?);
+            let (rate, r) = drain_ours(
+                dir.path(),
+                &filled,
+                n,
+                Compression::Gzip,
+                &format!("gzip{rep}"),
+            )?;
+            og.push(rate);
+            requests_gz = r;
+        }
+        let runs = json!({"ours_plain": o, "raw_plain": b, "ours_gzip": og, "raw_gzip": bg});
+        let (base, ours, base_gz, ours_gz) = (median(b), median(o), median(bg), median(og));
+        out.push(Row::rate(format!("drain {n} stored events, gzip off"), ours, base, "events/s", Some(0.5)).with(json!({
+            "events": n, "requests": requests, "ours_us_per_event": 1e6 / ours, "baseline_us_per_event": 1e6 / base,
+            "runs": runs,
+        })));
+        out.push(Row::rate(format!("drain {n} stored events, gzip on"), ours_gz, base_gz, "events/s", None).with(json!({
+            "events": n, "requests": requests_gz, "ours_us_per_event": 1e6 / ours_gz, "baseline_us_per_event": 1e6 / base_gz,
+        })));
+    }
+    Ok(out)
+}
+
+/// A store holding 10 MB of backlog, opened online against the collector: time until the
+/// first `track()` has returned. Warm page cache (dropping it would disturb the whole machine).
+pub fn cold_open() -> Result<Vec<Row>, Box<dyn std::error::Error>> {
+    let dir = tempfile::tempdir()?;
+    let filled = dir.path().join("filled.db");
+    let target = 10 * 1000 * 1000;
+    {
+        let mut cfg = config("http://127.0.0.1:9/unused", &filled);
+        cfg.memory_capacity = 20_000;
+        cfg.max_disk_bytes = 16 << 20;
+        let spool = EventSpool::builder(cfg).start_offline().open()?;
+        let template = properties();
+        while eventspool::disk_usage(&filled) < target {
+            for _ in 0..5_000 {
+                spool.track(EVENT_NAME, template.clone())?;
+            }
+            spool.persist()?;
+        }
+        spool.shutdown(Duration::from_secs(30))?;
+    }
+    let bytes = eventspool::disk_usage(&filled);
+    let c = collector(dir.path(), "collector.db")?;
+    let mut times = Vec::new();
+    let mut backlog = 0;
+    for rep in 0..7 {
+        let db = dir.path().join(format!("cold-{rep}.db"));
+        copy_store(&filled, &db)?;
+        let mut cfg = config(&c.url(), &db);
+        cfg.max_disk_bytes = 16 << 20;
+        let t = Instant::now();
+        let spool = EventSpool::open(cfg)?;
+        spool.track(EVENT_NAME, properties())?;
+        times.push(t.elapsed().as_secs_f64() * 1000.0);
+        backlog = spool.stats().restored;
+        spool.shutdown(Duration::from_secs(10))?;
+    }
+    times.sort_by(f64::total_cmp);
+    let median = times[times.len() / 2];
+    Ok(vec![
+        Row::limit(
+            "cold open with 10 MB backlog to first track()",
+            median,
+            "ms",
+            Some(50.0),
+        )
+        .with(json!({
+            "store_bytes": bytes, "backlog_events": backlog, "runs_ms": times,
+        })),
+    ])
+}

@@ -63,6 +63,39 @@ impl NewEvent {
     }
 }
 
+/// One event as a line of JSON, the input format of `eventspool send` and of batch tracking
+/// through the bindings: `{"name", "properties"?, "timestamp"?, "event_id"?, "session_id"?}`.
+/// Unknown fields are refused, so a typo (`"propeties"`) is an error, not a silent loss.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonLine {
+    name: String,
+    #[serde(default = "empty_object")]
+    properties: Value,
+    timestamp: Option<String>,
+    event_id: Option<String>,
+    session_id: Option<String>,
+}
+
+fn empty_object() -> Value {
+    Value::Object(Map::new())
+}
+
+impl NewEvent {
+    /// Parses one JSON line (see [`JsonLine`]'s fields); the error says what is wrong.
+    pub fn from_json_line(line: &str) -> Result<NewEvent> {
+        let parsed: JsonLine =
+            serde_json::from_str(line).map_err(|e| Error::InvalidEvent(e.to_string()))?;
+        Ok(NewEvent {
+            name: parsed.name,
+            properties: parsed.properties,
+            event_id: parsed.event_id,
+            timestamp: parsed.timestamp,
+            session_id: parsed.session_id,
+        })
+    }
+}
+
 /// An accepted event in its wire form, with the keys that order it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct QueuedEvent {
@@ -264,6 +297,24 @@ mod tests {
             text.contains("300") && text.contains("max_event_bytes"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn json_lines_parse_and_refuse_typos() {
+        let e = NewEvent::from_json_line(r#"{"name":"a","properties":{"x":1},"session_id":"s"}"#)
+            .unwrap();
+        assert_eq!((e.name.as_str(), e.session_id.as_deref()), ("a", Some("s")));
+        assert_eq!(
+            NewEvent::from_json_line(r#"{"name":"a"}"#)
+                .unwrap()
+                .properties,
+            json!({})
+        );
+        let err = NewEvent::from_json_line(r#"{"name":"a","propeties":{}}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("propeties"), "{err}");
+        assert!(NewEvent::from_json_line("not json").is_err());
     }
 
     #[test]

@@ -236,27 +236,69 @@ impl EventSpool {
 
     /// Records an event with any of its optional fields set by the caller.
     pub fn track_event(&self, event: NewEvent) -> Result<EventId> {
-        let s = self.shared();
+        self.check_accepting()?;
+        let queued = self.prepare(&event)?;
+        let id = queued.id;
+        self.accept(vec![queued]);
+        Ok(id)
+    }
+
+    /// Records several events, all or none: each is checked first, and the first bad one is
+    /// named by its position (1-based) with nothing recorded. One call for many events is what
+    /// makes tracking cheap from bindings whose per-call cost dwarfs the SDK's own.
+    pub fn track_batch(&self, events: &[NewEvent]) -> Result<Vec<EventId>> {
+        self.check_accepting()?;
+        let prepared = events
+            .iter()
+            .enumerate()
+            .map(|(i, e)| {
+                self.prepare(e)
+                    .map_err(|err| Error::InvalidEvent(format!("event {}: {err}", i + 1)))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let ids = prepared.iter().map(|q| q.id).collect();
+        self.accept(prepared);
+        Ok(ids)
+    }
+
+    fn check_accepting(&self) -> Result<()> {
         if self.handle.closed.load(Ordering::Relaxed) {
             return Err(Error::ShutDown);
         }
-        if !s.enabled.load(Ordering::Relaxed) {
+        if !self.shared().enabled.load(Ordering::Relaxed) {
             return Err(Error::Disabled);
         }
-        let queued = event::prepare(
-            &event,
+        Ok(())
+    }
+
+    fn prepare(&self, event: &NewEvent) -> Result<QueuedEvent> {
+        let s = self.shared();
+        event::prepare(
+            event,
             s.clock.wall_ms(),
             s.next_seq(),
             s.config.max_event_bytes,
-        )?;
-        let id = queued.id;
-        s.counters.tracked.fetch_add(1, Ordering::Relaxed);
+        )
+    }
+
+    /// Queues validated events and wakes the worker when a flush trigger is reached.
+    fn accept(&self, events: Vec<QueuedEvent>) {
+        let s = self.shared();
+        let n = events.len() as u64;
+        if n == 0 {
+            return;
+        }
+        s.counters.tracked.fetch_add(n, Ordering::Relaxed);
         // The first pending event arms the worker's periodic flush (an idle worker with nothing
         // to send sleeps without a deadline).
-        let first = s.counters.enqueued(1) == 0;
+        let first = s.counters.enqueued(n) == 0;
         match s.config.durability {
-            Durability::Spill => self.enqueue(queued),
-            Durability::Always => self.enqueue_durably(queued),
+            Durability::Spill => {
+                for event in events {
+                    self.enqueue(event);
+                }
+            }
+            Durability::Always => self.enqueue_durably(events),
         }
         if s.counters.pending() >= s.config.flush_at && !s.flush_at_reached.load(Ordering::Relaxed)
         {
@@ -265,7 +307,6 @@ impl EventSpool {
         } else if first {
             s.wake.notify_one();
         }
-        Ok(id)
     }
 
     fn enqueue(&self, event: QueuedEvent) {
@@ -280,11 +321,13 @@ impl EventSpool {
         }
     }
 
-    fn enqueue_durably(&self, event: QueuedEvent) {
+    fn enqueue_durably(&self, events: Vec<QueuedEvent>) {
         let s = self.shared();
         let generation = {
             let mut buffer = lock(&s.buffer);
-            buffer.push_spill(event);
+            for event in events {
+                buffer.push_spill(event);
+            }
             let mut spill = lock(&s.spill);
             spill.requested += 1;
             spill.requested

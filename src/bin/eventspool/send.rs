@@ -6,7 +6,6 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use eventspool::{DeliveryState, DeliveryStatus, EventSpool, NewEvent, Stats};
-use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::{CmdResult, Connection, EXIT_OK, EXIT_PENDING, Failure, print_json};
@@ -44,22 +43,6 @@ pub struct FlushArgs {
     pub conn: Connection,
 }
 
-/// One input line; unknown fields are refused so a typo (`"propeties"`) is not silently lost.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Line {
-    name: String,
-    #[serde(default = "empty_object")]
-    properties: Value,
-    timestamp: Option<String>,
-    event_id: Option<String>,
-    session_id: Option<String>,
-}
-
-fn empty_object() -> Value {
-    Value::Object(Default::default())
-}
-
 /// Reads and checks every line; nothing is tracked unless all of them are good.
 fn read_events(input: &PathBuf, max_event_bytes: u64) -> Result<Vec<NewEvent>, Failure> {
     let reader: Box<dyn BufRead> = if input.as_os_str() == "-" {
@@ -78,15 +61,8 @@ fn read_events(input: &PathBuf, max_event_bytes: u64) -> Result<Vec<NewEvent>, F
         if line.trim().is_empty() {
             continue;
         }
-        let parsed: Line = serde_json::from_str(&line)
+        let event = NewEvent::from_json_line(&line)
             .map_err(|e| Failure::bad_input(format!("line {number}: {e}")))?;
-        let event = NewEvent {
-            name: parsed.name,
-            properties: parsed.properties,
-            event_id: parsed.event_id,
-            timestamp: parsed.timestamp,
-            session_id: parsed.session_id,
-        };
         eventspool::event::prepare(&event, now, 0, max_event_bytes)
             .map_err(|e| Failure::bad_input(format!("line {number}: {e}")))?;
         events.push(event);

@@ -173,6 +173,9 @@ impl Store {
         budget: DiskBudget,
     ) -> rusqlite::Result<Result<(Connection, u64, u64), schema::Unusable>> {
         let mut conn = Connection::open(path)?;
+        if let Err(unusable) = schema::inspect(&conn)? {
+            return Ok(Err(unusable));
+        }
         let page_size: u64 =
             conn.pragma_query_value(None, "page_size", |r| r.get::<_, i64>(0))? as u64;
         let checkpoint_pages = (budget.wal_bytes / 2 / page_size.max(512)).max(8);

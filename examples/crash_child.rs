@@ -72,7 +72,11 @@ fn main() {
         _ => {}
     }
     // Under a disk cap, large events make eviction run within the first few hundred events.
-    let pad_len = if args.len() > 6 { 1500 } else { 100 } + (seed % 200) as usize;
+    let small_cap = args
+        .get(6)
+        .and_then(|c| c.parse::<u64>().ok())
+        .is_some_and(|c| c < 1 << 20);
+    let pad_len = if small_cap { 1500 } else { 100 } + (seed % 200) as usize;
     let pad = "p".repeat(pad_len);
     let mut rng = fastrand::Rng::with_seed(seed);
     let mut unpersisted = Vec::new();

@@ -81,8 +81,10 @@ fn main() {
     let mut rng = fastrand::Rng::with_seed(seed);
     let mut unpersisted = Vec::new();
     for i in 0..count {
-        // Every 17th event is refused by the collector (it ends in quarantine), and every 40 events
-        // the quarantine is redriven, so kills also land during redrive.
+        // Every 17th event is refused by the collector (it ends in quarantine), and every 150
+        // events the quarantine is redriven, so kills also land during redrive. (Redriven events
+        // keep their old timestamps and go first; redriving more often than that fills most
+        // batches with events the collector refuses again.)
         let name = if i % 17 == 16 { "poison" } else { "crash_test" };
         let id = match spool.track(name, json!({"i": i, "seed": seed, "pad": pad})) {
             Ok(id) => id,
@@ -103,7 +105,7 @@ fn main() {
                 let _ = out.flush();
             }
         }
-        if i % 40 == 39 {
+        if i % 150 == 149 {
             let _ = spool.quarantine_redrive(&Selector::All);
         }
         if rng.u8(..4) == 0 {

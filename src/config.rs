@@ -229,7 +229,7 @@ impl Config {
                 ),
             ));
         }
-        if self.max_batch_bytes < self.max_event_bytes + BATCH_OVERHEAD_BYTES {
+        if self.max_batch_bytes < self.max_event_bytes.saturating_add(BATCH_OVERHEAD_BYTES) {
             return Err(ConfigError::new(
                 "max_batch_bytes",
                 format!(
@@ -238,7 +238,7 @@ impl Config {
                 ),
             ));
         }
-        let min_disk = MIN_DISK_BYTES.max(4 * self.max_event_bytes);
+        let min_disk = MIN_DISK_BYTES.max(self.max_event_bytes.saturating_mul(4));
         if self.db_path.is_some() && self.max_disk_bytes < min_disk {
             return Err(ConfigError::new(
                 "max_disk_bytes",

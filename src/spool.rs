@@ -410,6 +410,9 @@ impl EventSpool {
 
     /// Deletes every queued event (memory and store) that is not in flight; returns how many.
     pub fn purge_pending(&self) -> Result<u64> {
+        if self.handle.closed.load(Ordering::Relaxed) {
+            return Err(Error::ShutDown);
+        }
         let s = self.shared();
         let _guard = lock(&s.spill_lock);
         let mut n = lock(&s.buffer).clear();
@@ -506,6 +509,9 @@ impl EventSpool {
     /// Puts quarantined events back in the queue with their original `event_id`; they go out
     /// through the normal throttled batches. Returns how many.
     pub fn quarantine_redrive(&self, selector: &Selector) -> Result<u64> {
+        if self.handle.closed.load(Ordering::Relaxed) {
+            return Err(Error::ShutDown);
+        }
         let s = self.shared();
         let n = match &s.store {
             Some(store) => {
@@ -542,6 +548,9 @@ impl EventSpool {
 
     /// Deletes quarantined events for good. Returns how many.
     pub fn quarantine_purge(&self, selector: &Selector) -> Result<u64> {
+        if self.handle.closed.load(Ordering::Relaxed) {
+            return Err(Error::ShutDown);
+        }
         match &self.shared().store {
             Some(store) => store.with_quarantine(|q| q.purge(selector)),
             None => Ok(lock(&self.shared().memory_quarantine).take(selector).len() as u64),
@@ -565,8 +574,9 @@ impl Handle {
                 _ => false,
             }
         };
+        let mut worker_stopped = false;
         if !on_worker_thread && let Some(done) = lock(&h.worker_done).take() {
-            let _ = done.recv_timeout(timeout);
+            worker_stopped = done.recv_timeout(timeout).is_ok();
         }
         let result = s.persist().map(|_| ());
         {
@@ -581,6 +591,12 @@ impl Handle {
         }
         if let Some(rt) = lock(&h.runtime).take() {
             rt.shutdown_background();
+        }
+        // Nothing of this handle writes to the store any more (track() and the queue and
+        // quarantine verbs refuse after shutdown), so a new handle may open it even while clones
+        // of this one live. A worker that did not stop in time keeps it owned until the last drop.
+        if worker_stopped && let Some(store) = &s.store {
+            store.release_ownership();
         }
         result
     }

@@ -203,14 +203,12 @@ pub(super) async fn handle(
             let retry_after = shared.behavior().retry_after;
             Ok(reply.into_response(retry_after.as_deref()))
         }
+        None if shared.roll_failure(shared.behavior().drop_rate) => {
+            store_then_drop(&shared, &mut pending, &body);
+            Err(DropConnection)
+        }
         Some(Scripted::StoreThenDrop) => {
-            if let Body::Batch(events) = &body {
-                let all: Vec<&WireEvent> = events.iter().collect();
-                if let Err(e) = shared.store(&all, pending.index()) {
-                    tracing::warn!(target: LOG_TARGET, error = %e, "storing a dropped batch failed");
-                }
-            }
-            pending.finish(None, "dropped");
+            store_then_drop(&shared, &mut pending, &body);
             Err(DropConnection)
         }
         Some(Scripted::Hang) => {
@@ -388,4 +386,15 @@ fn verdict(
         let body = json!({ "accepted": new, "duplicates": dup, "rejected": rejected });
         (200, "partial".into(), Reply::json(200, body))
     }
+}
+
+/// Stores the batch, then lets the caller close the connection without an answer.
+fn store_then_drop(shared: &Shared, pending: &mut Pending, body: &Body) {
+    if let Body::Batch(events) = body {
+        let all: Vec<&WireEvent> = events.iter().collect();
+        if let Err(e) = shared.store(&all, pending.index()) {
+            tracing::warn!(target: LOG_TARGET, error = %e, "storing a dropped batch failed");
+        }
+    }
+    pending.finish(None, "dropped");
 }

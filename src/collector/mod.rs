@@ -101,6 +101,10 @@ pub struct Behavior {
     pub delay: Option<Duration>,
     /// When set, requests without `Authorization: Bearer <key>` are answered 401.
     pub required_api_key: Option<String>,
+    /// Fraction of unscripted requests whose batch is stored and whose connection is then closed
+    /// without an answer (as [`Scripted::StoreThenDrop`]), drawn from the same seeded rng as
+    /// `fail_rate`: soak tests use it for "the network died after the collector read it".
+    pub drop_rate: f64,
 }
 
 /// One-shot behaviour for the next request, queued with [`ReferenceCollector::push_script`].

@@ -72,7 +72,8 @@ pub struct Store {
     rows: AtomicU64,
     /// Seqs of the batch in flight: the disk cap and expiry leave them alone.
     leased: Mutex<Vec<u64>>,
-    _lock: File,
+    /// The owner's lock; `None` once given up by [`Store::release_ownership`].
+    lock: Mutex<Option<File>>,
 }
 
 /// A store as opened: the file may have been moved aside and replaced.
@@ -134,7 +135,7 @@ impl Store {
             page_size,
             rows: AtomicU64::new(rows),
             leased: Mutex::new(Vec::new()),
-            _lock: lock,
+            lock: Mutex::new(Some(lock)),
         }
     }
 
@@ -173,6 +174,9 @@ impl Store {
         budget: DiskBudget,
     ) -> rusqlite::Result<Result<(Connection, u64, u64), schema::Unusable>> {
         let mut conn = Connection::open(path)?;
+        if let Err(unusable) = schema::inspect(&conn)? {
+            return Ok(Err(unusable));
+        }
         let page_size: u64 =
             conn.pragma_query_value(None, "page_size", |r| r.get::<_, i64>(0))? as u64;
         let checkpoint_pages = (budget.wal_bytes / 2 / page_size.max(512)).max(8);
@@ -185,6 +189,15 @@ impl Store {
             r.get::<_, i64>(0)
         })?;
         Ok(Ok((conn, rows as u64, page_size)))
+    }
+
+    /// Gives up ownership so another handle may open the store (after `shutdown()`, while
+    /// clones of the old handle may still be alive). The caller no longer writes to it.
+    pub fn release_ownership(&self) {
+        let _ = self
+            .conn()
+            .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()));
+        self.lock.lock().unwrap_or_else(|p| p.into_inner()).take();
     }
 
     fn conn(&self) -> std::sync::MutexGuard<'_, Connection> {

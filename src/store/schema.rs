@@ -87,8 +87,9 @@ pub fn configure(
     Ok(())
 }
 
-/// Brings the schema to [`SCHEMA_VERSION`], or says why this file is not ours to touch.
-pub fn migrate(conn: &mut Connection) -> Result<Result<(), Unusable>, rusqlite::Error> {
+/// Says whether this file is ours to use, reading only: it must run before [`configure`], whose
+/// `journal_mode = WAL` rewrites the header of a file that may belong to someone else.
+pub fn inspect(conn: &Connection) -> Result<Result<i64, Unusable>, rusqlite::Error> {
     let version: i64 = conn.pragma_query_value(None, "user_version", |row| row.get(0))?;
     if version > SCHEMA_VERSION {
         return Ok(Err(Unusable::NewerVersion(version)));
@@ -105,6 +106,15 @@ pub fn migrate(conn: &mut Connection) -> Result<Result<(), Unusable>, rusqlite::
             return Ok(Err(Unusable::Foreign));
         }
     }
+    Ok(Ok(version))
+}
+
+/// Brings the schema to [`SCHEMA_VERSION`], or says why this file is not ours to touch.
+pub fn migrate(conn: &mut Connection) -> Result<Result<(), Unusable>, rusqlite::Error> {
+    let version = match inspect(conn)? {
+        Ok(version) => version,
+        Err(unusable) => return Ok(Err(unusable)),
+    };
     for (from, step) in MIGRATIONS.iter().enumerate().skip(version as usize) {
         let tx = conn.transaction()?;
         tx.execute_batch(step)?;

@@ -90,6 +90,7 @@ pub fn run(args: CollectorArgs) -> CmdResult {
         retry_after: args.retry_after,
         delay: args.delay_ms.map(Duration::from_millis),
         required_api_key: args.require_api_key,
+        ..Behavior::default()
     };
     let collector = ReferenceCollector::start(CollectorConfig {
         listen: args.listen,

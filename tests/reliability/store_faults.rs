@@ -1,0 +1,358 @@
+//! Damaged, foreign, full, read-only and doubly-opened stores.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use eventspool::collector::{CollectorConfig, ReferenceCollector};
+use eventspool::{DeliveryStatus, EventSpool, Notice};
+use serde_json::json;
+
+use crate::common::{fast_config, integrity_ok};
+
+/// Records notices so a test can check what the app was told.
+#[derive(Default)]
+struct Notices(Mutex<Vec<Notice>>);
+
+impl eventspool::DeliveryObserver for Notices {
+    fn on_state(&self, _: &DeliveryStatus) {}
+    fn on_notice(&self, notice: &Notice) {
+        self.0.lock().unwrap().push(notice.clone());
+    }
+}
+
+fn store_with_events(db: &Path, url: &str, n: usize) {
+    let mut c = fast_config(url);
+    c.db_path = Some(db.into());
+    let spool = EventSpool::builder(c).start_offline().open().unwrap();
+    for i in 0..n {
+        spool.track("old", json!({"i": i})).unwrap();
+    }
+    spool.shutdown(Duration::from_secs(5)).unwrap();
+}
+
+/// Opens the damaged file and checks: moved aside intact, fresh store, reported, still works.
+fn opens_after_moving_aside(db: &Path, collector: &ReferenceCollector, what: &str) {
+    let original = std::fs::read(db).unwrap();
+    let notices = Arc::new(Notices::default());
+    let mut c = fast_config(&collector.url());
+    c.db_path = Some(db.into());
+    let spool = EventSpool::builder(c)
+        .observer(notices.clone())
+        .open()
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert_eq!(spool.stats().stores_recovered, 1, "{what}: not counted");
+    let moved: PathBuf = match notices.0.lock().unwrap().first() {
+        Some(Notice::StoreRecovered { moved_to, .. }) => moved_to.into(),
+        other => panic!("{what}: no StoreRecovered notice: {other:?}"),
+    };
+    assert!(
+        moved
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .contains(".unusable-"),
+        "{what}: {moved:?}"
+    );
+    assert!(
+        std::fs::read(&moved).unwrap() == original,
+        "{what}: the unusable file was not kept as it was"
+    );
+    let before = collector.distinct_count();
+    for i in 0..5 {
+        spool.track("after_recovery", json!({"i": i})).unwrap();
+    }
+    spool.persist().unwrap();
+    assert!(
+        spool.wait_drained(Duration::from_secs(10)),
+        "{what}: fresh store does not deliver"
+    );
+    assert_eq!(collector.distinct_count(), before + 5, "{what}");
+    spool.shutdown(Duration::from_secs(5)).unwrap();
+    integrity_ok(db).unwrap();
+}
+
+#[test]
+fn corrupt_and_foreign_stores_are_moved_aside_never_deleted() {
+    let collector = ReferenceCollector::start(CollectorConfig::default()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+
+    let db = dir.path().join("random.db");
+    let mut rng = fastrand::Rng::with_seed(7);
+    std::fs::write(&db, (0..16384).map(|_| rng.u8(..)).collect::<Vec<u8>>()).unwrap();
+    opens_after_moving_aside(&db, &collector, "random bytes");
+
+    let db = dir.path().join("truncated.db");
+    store_with_events(&db, &collector.url(), 300);
+    let _ = std::fs::remove_file(format!("{}-wal", db.display()));
+    let len = std::fs::metadata(&db).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&db)
+        .unwrap()
+        .set_len(len / 2 + 7)
+        .unwrap();
+    opens_after_moving_aside(&db, &collector, "truncated file");
+
+    let db = dir.path().join("foreign.db");
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    conn.execute_batch("CREATE TABLE users (name TEXT); INSERT INTO users VALUES ('precious');")
+        .unwrap();
+    drop(conn);
+    opens_after_moving_aside(&db, &collector, "another schema");
+
+    let db = dir.path().join("newer.db");
+    store_with_events(&db, &collector.url(), 3);
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    conn.pragma_update(None, "user_version", 99).unwrap();
+    conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+        .unwrap();
+    drop(conn);
+    opens_after_moving_aside(&db, &collector, "newer schema version");
+}
+
+#[test]
+fn a_second_handle_on_one_store_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = fast_config("http://127.0.0.1:9/v1/batch");
+    c.db_path = Some(dir.path().join("events.db"));
+    let first = EventSpool::builder(c.clone())
+        .start_offline()
+        .open()
+        .unwrap();
+    let err = EventSpool::builder(c.clone())
+        .start_offline()
+        .open()
+        .err()
+        .expect("second handle was not refused");
+    let text = err.to_string();
+    assert!(
+        text.contains("already open") && text.contains("events.db"),
+        "unclear error: {text}"
+    );
+    first.track("kept", json!({})).unwrap();
+    first.shutdown(Duration::from_secs(5)).unwrap();
+    drop(first);
+    let again = EventSpool::builder(c).start_offline().open().unwrap();
+    assert_eq!(again.stats().restored, 1);
+}
+
+/// `shutdown()` releases the store even while clones of the handle are still alive (an FFI
+/// object or a clone held by another thread), so the app can reopen it.
+#[test]
+fn shutdown_releases_the_store_for_a_new_handle() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = fast_config("http://127.0.0.1:9/v1/batch");
+    c.db_path = Some(dir.path().join("events.db"));
+    let first = EventSpool::builder(c.clone())
+        .start_offline()
+        .open()
+        .unwrap();
+    let clone = first.clone();
+    first.track("kept", json!({})).unwrap();
+    first.shutdown(Duration::from_secs(5)).unwrap();
+    let again = EventSpool::builder(c).start_offline().open();
+    assert!(
+        again.is_ok(),
+        "reopen after shutdown() refused: {:?}",
+        again.err().map(|e| e.to_string())
+    );
+    assert_eq!(again.unwrap().stats().restored, 1);
+    drop(clone);
+}
+
+#[test]
+fn a_store_path_that_cannot_exist_is_refused_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("plain-file");
+    std::fs::write(&file, b"not a directory").unwrap();
+    let mut c = fast_config("http://127.0.0.1:9/v1/batch");
+    c.db_path = Some(file.join("events.db"));
+    let err = EventSpool::open(c)
+        .err()
+        .expect("opened a store under a regular file");
+    assert!(
+        err.to_string().contains("plain-file"),
+        "error does not name the path: {err}"
+    );
+}
+
+/// A tiny tmpfs mounted for one test (root only); `None` where mounting is not allowed.
+struct TinyFs {
+    dir: tempfile::TempDir,
+}
+
+impl TinyFs {
+    fn mount(bytes: u64) -> Option<TinyFs> {
+        let dir = tempfile::tempdir().ok()?;
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs"])
+            .arg(dir.path())
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        if !ok {
+            eprintln!("mount -t tmpfs not permitted here: full-disk test skipped");
+            return None;
+        }
+        Some(TinyFs { dir })
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn remount(&self, opts: &str) {
+        let ok = std::process::Command::new("mount")
+            .args(["-o", &format!("remount,{opts}")])
+            .arg(self.dir.path())
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "remount {opts}");
+    }
+}
+
+impl Drop for TinyFs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(self.dir.path())
+            .status();
+    }
+}
+
+/// Fills the file system with one file until it refuses more.
+fn fill(dir: &Path) -> PathBuf {
+    use std::io::Write;
+    let path = dir.join("filler");
+    let mut f = std::fs::File::create(&path).unwrap();
+    let block = vec![0u8; 4096];
+    while f.write_all(&block).is_ok() {}
+    let _ = f.sync_all();
+    path
+}
+
+fn full_disk() {
+    let Some(fs) = TinyFs::mount(1024 * 1024) else {
+        return;
+    };
+    let collector = ReferenceCollector::start(CollectorConfig::default()).unwrap();
+    let notices = Arc::new(Notices::default());
+    let mut c = fast_config(&collector.url());
+    c.db_path = Some(fs.path().join("events.db"));
+    c.memory_capacity = 50;
+    let spool = EventSpool::builder(c)
+        .observer(notices.clone())
+        .start_offline()
+        .open()
+        .unwrap();
+    // Some events reach the store while there is room.
+    for i in 0..200 {
+        spool.track("before", json!({"i": i})).unwrap();
+    }
+    spool.persist().unwrap();
+    let stored = spool.stats().pending_disk;
+    assert!(stored > 0);
+    let filler = fill(fs.path());
+    // The disk refuses: track() still works, in memory, and the condition is visible.
+    for i in 0..500 {
+        spool
+            .track("during", json!({"i": i, "pad": "x".repeat(200)}))
+            .unwrap();
+    }
+    assert!(
+        spool.persist().is_err(),
+        "persist() claimed success on a full disk"
+    );
+    let stats = spool.stats();
+    assert!(
+        stats.store_errors > 0,
+        "store errors not counted: {stats:?}"
+    );
+    assert!(stats.balances(), "{stats:?}");
+    assert!(
+        notices
+            .0
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|n| matches!(n, Notice::StoreUnavailable { .. })),
+        "no StoreUnavailable notice"
+    );
+    // Delivery of what is stored goes on meanwhile.
+    spool.set_online(true);
+    let got = collector.wait_for_distinct(stored, Duration::from_secs(20));
+    assert!(
+        got,
+        "stored events were not delivered while the disk was full"
+    );
+    // Space returns: spilling resumes and everything drains.
+    std::fs::remove_file(filler).unwrap();
+    let errors = spool.stats().store_errors;
+    spool.persist().unwrap();
+    assert!(
+        spool.wait_drained(Duration::from_secs(30)),
+        "did not drain after space returned: {:?}",
+        spool.stats()
+    );
+    let stats = spool.stats();
+    assert_eq!(collector.distinct_count(), 700, "{stats:?}");
+    assert_eq!(stats.delivered, 700, "{stats:?}");
+    assert!(stats.balances(), "{stats:?}");
+    assert_eq!(stats.panics, 0);
+    eprintln!(
+        "full disk: store_errors {} while full, requests {}, collector received {} distinct {}",
+        errors,
+        stats.requests,
+        collector.received_count(),
+        collector.distinct_count()
+    );
+    spool.shutdown(Duration::from_secs(5)).unwrap();
+    integrity_ok(&fs.path().join("events.db")).unwrap();
+}
+
+#[test]
+fn full_disk_keeps_tracking_in_memory_and_resumes() {
+    full_disk();
+}
+
+/// A store on a read-only file system cannot be opened: construction is refused with an error
+/// naming the path (the app decides whether to run without `db_path`), rather than silently
+/// running memory-only while the app believes its events are kept.
+#[test]
+fn read_only_location_is_refused_naming_the_path() {
+    let Some(fs) = TinyFs::mount(1024 * 1024) else {
+        return;
+    };
+    let mut c = fast_config("http://127.0.0.1:9/v1/batch");
+    c.db_path = Some(fs.path().join("events.db"));
+    let spool = EventSpool::builder(c.clone())
+        .start_offline()
+        .open()
+        .unwrap();
+    spool.track("kept", json!({})).unwrap();
+    spool.shutdown(Duration::from_secs(5)).unwrap();
+    drop(spool);
+    fs.remount("ro");
+    for path in [fs.path().join("events.db"), fs.path().join("new.db")] {
+        c.db_path = Some(path.clone());
+        let err = EventSpool::builder(c.clone())
+            .start_offline()
+            .open()
+            .err()
+            .expect("opened a store on a read-only fs");
+        assert!(
+            err.to_string().contains(&path.display().to_string()),
+            "error does not name the path: {err}"
+        );
+    }
+    fs.remount("rw");
+    c.db_path = Some(fs.path().join("events.db"));
+    let spool = EventSpool::builder(c).start_offline().open().unwrap();
+    assert_eq!(
+        spool.stats().restored,
+        1,
+        "the store was damaged by the read-only attempt"
+    );
+}

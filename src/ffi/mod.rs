@@ -307,6 +307,26 @@ impl EventSpool {
         })
     }
 
+    /// Records many events in one call, all or none: `events_jsonl` holds one JSON object per
+    /// line (`{"name", "properties"?, "timestamp"?, "event_id"?, "session_id"?}`, the format of
+    /// `eventspool send`). A bad line is named by its number and nothing is recorded. Returns
+    /// how many were recorded. Each call across the FFI costs microseconds in the generated
+    /// glue, so a scripting host that tracks at a high rate batches here.
+    pub fn track_batch(&self, events_jsonl: String) -> Result<u64, SpoolError> {
+        self.with_core(|core| {
+            let mut events = Vec::new();
+            for (i, line) in events_jsonl.lines().enumerate() {
+                if line.trim().is_empty() {
+                    continue;
+                }
+                let event = crate::NewEvent::from_json_line(line)
+                    .map_err(|e| Error::InvalidEvent(format!("line {}: {e}", i + 1)))?;
+                events.push(event);
+            }
+            core.track_batch(&events).map(|ids| ids.len() as u64)
+        })
+    }
+
     /// Records an event with its optional fields set by the caller. Returns its `event_id`.
     pub fn track_event(&self, event: NewEvent) -> Result<String, SpoolError> {
         self.with_core(|spool| {

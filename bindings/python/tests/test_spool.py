@@ -207,3 +207,24 @@ def test_opt_out_and_purge(collector, fast_config):
     with pytest.raises(SpoolError.InvalidConfig):
         spool.set_api_key("")
     spool.shutdown(5_000)
+
+
+def test_batching_tracker_hands_everything_over_in_order(collector, fast_config):
+    import eventspool_batching
+
+    spool = EventSpool(fast_config(collector.url), start_offline=True)
+    with eventspool_batching.BatchingTracker(spool, max_events=64, max_delay_s=0.01) as tracker:
+        for i in range(1000):
+            tracker.track("batched", {"i": i})
+        tracker.track("too big", {"pad": "x" * 100_000})  # refused by the SDK, reported, skipped
+        with pytest.raises(TypeError):
+            tracker.track("bad", [1, 2])
+        with pytest.raises(ValueError):
+            tracker.track("", {})
+    errors = tracker.errors()
+    assert len(errors) == 1 and "max_event_bytes" in errors[0][0]
+    assert spool.stats().tracked == 1000
+    spool.set_online(True)
+    assert spool.wait_drained(20_000)
+    assert collector.distinct() == 1000
+    spool.shutdown(5_000)

@@ -2,6 +2,7 @@
 //! flags the app's calls set, and the published delivery state. The handle ([`crate::EventSpool`]),
 //! the delivery worker and the spiller thread each hold an `Arc` of it.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
@@ -60,7 +61,14 @@ pub struct StateCell {
     pub state: DeliveryState,
     pub retry_deadline_ms: Option<u64>,
     pub last_published: Option<DeliveryStatus>,
+    /// The most recent published statuses, numbered, so `wait_for` sees a state that came and
+    /// went between two of its wake-ups (a zero-delay retry lasts microseconds).
+    pub recent: VecDeque<(u64, DeliveryStatus)>,
+    pub published: u64,
 }
+
+/// How many published statuses `wait_for` can look back over.
+pub const RECENT_STATUSES: usize = 64;
 
 /// The spiller thread's mailbox: generations let `durability = always` wait for its own commit.
 #[derive(Default)]
@@ -152,6 +160,12 @@ impl Shared {
                 None
             } else {
                 cell.last_published = Some(status.clone());
+                cell.published += 1;
+                let number = cell.published;
+                if cell.recent.len() == RECENT_STATUSES {
+                    cell.recent.pop_front();
+                }
+                cell.recent.push_back((number, status.clone()));
                 Some(status)
             }
         };

@@ -152,6 +152,8 @@ impl EventSpool {
                 },
                 retry_deadline_ms: None,
                 last_published: None,
+                recent: Default::default(),
+                published: 0,
             }),
             state_changed: Condvar::new(),
             observers: Mutex::new(b.observers),
@@ -446,7 +448,8 @@ impl EventSpool {
         stats
     }
 
-    /// Waits (real time) until `done` holds for the state, or the timeout passes.
+    /// Waits (real time) until `done` holds for the current state or for one published while
+    /// waiting (so a state that lasted microseconds is not missed), or the timeout passes.
     pub fn wait_for(
         &self,
         timeout: Duration,
@@ -454,6 +457,7 @@ impl EventSpool {
     ) -> Option<DeliveryStatus> {
         let s = self.shared();
         let deadline = Instant::now() + timeout;
+        let mut seen = lock(&s.state).published;
         loop {
             let status = s.status();
             if done(&status) {
@@ -464,9 +468,23 @@ impl EventSpool {
                 return None;
             }
             let cell = lock(&s.state);
-            let _ = s
+            let (cell, _) = s
                 .state_changed
-                .wait_timeout(cell, left.min(Duration::from_millis(20)));
+                .wait_timeout(cell, left.min(Duration::from_millis(20)))
+                .unwrap_or_else(|p| p.into_inner());
+            // States published while this thread slept count too, however briefly they lasted.
+            // The predicate runs after the lock is released: it may call back into the spool.
+            let meanwhile: Vec<DeliveryStatus> = cell
+                .recent
+                .iter()
+                .filter(|(n, _)| *n > seen)
+                .map(|(_, status)| status.clone())
+                .collect();
+            seen = cell.published;
+            drop(cell);
+            if let Some(status) = meanwhile.into_iter().find(|status| done(status)) {
+                return Some(status);
+            }
         }
     }
 

@@ -427,3 +427,22 @@ fn a_pause_survives_a_reconnect() {
     assert!(spool.wait_drained(WAIT));
     assert_eq!(collector.distinct_count(), 1);
 }
+
+#[test]
+fn wait_for_sees_a_state_that_lasted_only_an_instant() {
+    let collector = collector();
+    collector.push_statuses(&[503]);
+    let spool = EventSpool::builder(config(&collector))
+        .clock(instant_clock())
+        .start_offline()
+        .open()
+        .unwrap();
+    spool.track("blink", json!({})).unwrap();
+    spool.set_online(true);
+    // On the auto-advancing clock the retry fires the moment it is scheduled.
+    let seen = spool.wait_for(WAIT, |s| {
+        matches!(s.state, DeliveryState::RetryScheduled { attempt: 1, .. })
+    });
+    assert!(seen.is_some(), "the retry was announced, however briefly");
+    assert!(spool.wait_drained(WAIT));
+}

@@ -241,7 +241,7 @@ impl EventSpool {
         self.check_accepting()?;
         let queued = self.prepare(&event)?;
         let id = queued.id;
-        self.accept(vec![queued]);
+        self.accept(std::iter::once(queued), 1);
         Ok(id)
     }
 
@@ -259,7 +259,8 @@ impl EventSpool {
             })
             .collect::<Result<Vec<_>>>()?;
         let ids = prepared.iter().map(|q| q.id).collect();
-        self.accept(prepared);
+        let n = prepared.len() as u64;
+        self.accept(prepared, n);
         Ok(ids)
     }
 
@@ -284,9 +285,8 @@ impl EventSpool {
     }
 
     /// Queues validated events and wakes the worker when a flush trigger is reached.
-    fn accept(&self, events: Vec<QueuedEvent>) {
+    fn accept(&self, events: impl IntoIterator<Item = QueuedEvent>, n: u64) {
         let s = self.shared();
-        let n = events.len() as u64;
         if n == 0 {
             return;
         }
@@ -323,7 +323,7 @@ impl EventSpool {
         }
     }
 
-    fn enqueue_durably(&self, events: Vec<QueuedEvent>) {
+    fn enqueue_durably(&self, events: impl IntoIterator<Item = QueuedEvent>) {
         let s = self.shared();
         let generation = {
             let mut buffer = lock(&s.buffer);

@@ -431,18 +431,6 @@ impl Store {
         Ok(n)
     }
 
-    /// The persisted counters (`dropped.*`), by name: what an operator's status shows after the
-    /// app that counted them has exited.
-    #[allow(dead_code)]
-    pub fn counters(&self) -> Result<Vec<(String, u64)>> {
-        let conn = self.conn();
-        let mut stmt = conn.prepare_cached("SELECT name, value FROM counters ORDER BY name")?;
-        let rows = stmt.query_map([], |r| {
-            Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)? as u64))
-        })?;
-        Ok(rows.collect::<rusqlite::Result<_>>()?)
-    }
-
     /// Runs `f` with the quarantine tables, in one transaction.
     pub fn with_quarantine<T>(&self, f: impl FnOnce(&QuarantineSql<'_>) -> Result<T>) -> Result<T> {
         let mut conn = self.conn();

@@ -10,11 +10,11 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use rusqlite::{Connection, OpenFlags, OptionalExtension};
+use rusqlite::{Connection, OpenFlags};
 
 use crate::error::{Error, Result};
 use crate::quarantine::{ListFilter, QuarantinedEvent, Selector};
-use crate::store::Store;
+use crate::store::{QuarantineSql, Store, schema};
 
 /// How long [`inspect`] waits for a writer to finish a transaction before giving up. A spool's
 /// transactions are bounded in size, so this is generous.
@@ -41,43 +41,38 @@ pub fn inspect(path: &Path) -> Result<StoreStatus> {
     if !path.exists() {
         return Err(Error::NotFound(format!("no store at {}", path.display())));
     }
-    let conn = Connection::open_with_flags(
+    let mut conn = Connection::open_with_flags(
         path,
         OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )
     .map_err(|e| Error::Storage(format!("cannot open {} read-only: {e}", path.display())))?;
     conn.busy_timeout(INSPECT_BUSY_TIMEOUT)?;
-    let has_events: Option<String> = conn
-        .query_row(
-            "SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'events'",
-            [],
-            |r| r.get(0),
-        )
-        .optional()?;
-    if has_events.is_none() {
-        return Err(Error::Storage(format!(
-            "{} is not an eventspool store",
-            path.display()
-        )));
+    // The same recognition the store's opener uses: a foreign, newer or empty file is not read.
+    match schema::inspect(&conn)? {
+        Ok(version) if version > 0 => {}
+        Ok(_) => {
+            return Err(Error::Storage(format!(
+                "{} is not an eventspool store",
+                path.display()
+            )));
+        }
+        Err(unusable) => return Err(Error::Storage(format!("{}: {unusable}", path.display()))),
     }
     // One read transaction, so the figures agree with each other.
-    conn.execute_batch("BEGIN")?;
+    let tx = conn.transaction()?;
     let (pending, oldest_ms, newest_ms): (i64, Option<i64>, Option<i64>) =
-        conn.query_row("SELECT count(*), min(ts), max(ts) FROM events", [], |r| {
+        tx.query_row("SELECT count(*), min(ts), max(ts) FROM events", [], |r| {
             Ok((r.get(0)?, r.get(1)?, r.get(2)?))
         })?;
-    let quarantine = pairs(
-        &conn,
-        "SELECT reason, count(*) FROM quarantine GROUP BY reason",
-    )?;
+    let quarantine = QuarantineSql::new(&tx).counts()?;
     let dropped = pairs(
-        &conn,
+        &tx,
         "SELECT name, value FROM counters WHERE name LIKE 'dropped.%'",
     )?
     .into_iter()
     .map(|(k, v)| (k.trim_start_matches("dropped.").to_string(), v))
     .collect();
-    conn.execute_batch("COMMIT")?;
+    tx.commit()?;
     Ok(StoreStatus {
         pending: pending as u64,
         bytes: crate::store::disk_usage(path),

@@ -4,6 +4,7 @@
 
 use std::io::Write;
 use std::path::PathBuf;
+use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 use clap::Args;
@@ -11,7 +12,7 @@ use crossterm::event::{Event, KeyCode, KeyEventKind, KeyModifiers};
 use crossterm::terminal::{Clear, ClearType};
 use crossterm::{cursor, execute, terminal};
 use eventspool::collector::{Behavior, CollectorConfig, ReferenceCollector};
-use eventspool::{Config, DeliveryState, EventSpool, ListFilter};
+use eventspool::{Config, DeliveryState, DeliveryStatus, EventSpool, ListFilter};
 use serde_json::json;
 
 use crate::{CmdResult, EXIT_ERROR, EXIT_OK, Failure};
@@ -280,32 +281,44 @@ fn story(args: &DemoArgs, pace: &Pace, screen: &mut Screen) -> CmdResult {
     collector
         .set_outage(true)
         .map_err(|e| Failure::error(format!("outage: {e}")))?;
+    // Every published state arrives here, so a retry that came and went between two ticks
+    // is still shown (polling `state()` alone can miss a short first backoff).
+    let (states, published) = mpsc::channel::<DeliveryStatus>();
+    spool.add_observer(Arc::new(move |status: &DeliveryStatus| {
+        let _ = states.send(status.clone());
+    }));
     spool.set_online(true);
     let mut pressed_during_countdown = false;
-    loop {
-        let status = spool.state();
-        match &status.state {
-            DeliveryState::RetryScheduled {
-                attempt,
-                max_attempts,
-                retry_in_ms,
-                ..
-            } => {
-                let secs = retry_in_ms.div_ceil(1000);
-                screen.live(
-                    &format!("Connection lost — attempt {attempt} of {max_attempts} — next try in {secs} s   [r] retry now  [b] back  [q] quit"),
-                    &format!("retry {attempt}"),
-                );
-                if screen.scripted() && *attempt >= 2 && !pressed_during_countdown {
-                    pressed_during_countdown = true;
-                    screen
-                        .say("   [script presses r: retry now, while the collector is still down]");
-                    spool.retry_now();
+    'outage: loop {
+        let mut pending: Vec<DeliveryStatus> = published.try_iter().collect();
+        if pending.is_empty() {
+            pending.push(spool.state());
+        }
+        for status in pending {
+            match &status.state {
+                DeliveryState::RetryScheduled {
+                    attempt,
+                    max_attempts,
+                    retry_in_ms,
+                    ..
+                } => {
+                    let secs = retry_in_ms.div_ceil(1000);
+                    screen.live(
+                        &format!("Connection lost — attempt {attempt} of {max_attempts} — next try in {secs} s   [r] retry now  [b] back  [q] quit"),
+                        &format!("retry {attempt}"),
+                    );
+                    if screen.scripted() && *attempt >= 2 && !pressed_during_countdown {
+                        pressed_during_countdown = true;
+                        screen.say(
+                            "   [script presses r: retry now, while the collector is still down]",
+                        );
+                        spool.retry_now();
+                    }
                 }
+                DeliveryState::WaitingForUser { .. } => break 'outage,
+                DeliveryState::Idle if status.pending > 0 => break 'outage,
+                _ => screen.live(&format!("{status}"), status.state.name()),
             }
-            DeliveryState::WaitingForUser { .. } => break,
-            DeliveryState::Idle if status.pending > 0 => break,
-            _ => screen.live(&format!("{status}"), status.state.name()),
         }
         match screen.key(pace.tick) {
             Some(Key::Retry) => spool.retry_now(),

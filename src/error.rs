@@ -46,6 +46,14 @@ pub enum Error {
     Storage(String),
     #[error("not found: {0}")]
     NotFound(String),
+    /// `durability = always` could not put these events in the store (disk full, I/O error, or
+    /// no commit within the wait). They are queued in memory and will be delivered, but a crash
+    /// before the store recovers loses them; the app that chose `always` decides what that means.
+    #[error("tracked in memory only, not durable ({} event(s)): {reason}", event_ids.len())]
+    NotDurable {
+        event_ids: Vec<crate::EventId>,
+        reason: String,
+    },
 }
 
 impl From<rusqlite::Error> for Error {

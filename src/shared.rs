@@ -76,6 +76,8 @@ pub struct SpillSignal {
     pub requested: u64,
     pub committed: u64,
     pub failed: u64,
+    /// Why the last failed commit failed, for the `durability = always` caller waiting on it.
+    pub last_error: String,
     pub stop: bool,
 }
 
@@ -209,7 +211,7 @@ impl Shared {
             (events, lock(&self.spill).requested)
         };
         if events.is_empty() {
-            self.mark_committed(generation, true);
+            self.mark_committed(generation, None);
             return Ok(());
         }
         match store.insert(&events) {
@@ -217,13 +219,13 @@ impl Shared {
                 self.counters.drop(DropReason::DiskCap, report.evicted);
                 self.counters
                     .drop(DropReason::QuarantineCap, report.evicted_quarantine);
-                self.mark_committed(generation, true);
+                self.mark_committed(generation, None);
                 Ok(())
             }
             Err(e) => {
                 lock(&self.buffer).return_spill(events);
                 self.counters.store_errors.fetch_add(1, Ordering::Relaxed);
-                self.mark_committed(generation, false);
+                self.mark_committed(generation, Some(e.to_string()));
                 self.notice(Notice::StoreUnavailable {
                     reason: e.to_string(),
                 });
@@ -237,12 +239,14 @@ impl Shared {
         self.spill_locked()
     }
 
-    fn mark_committed(&self, generation: u64, ok: bool) {
+    fn mark_committed(&self, generation: u64, error: Option<String>) {
         let mut s = lock(&self.spill);
-        if ok {
-            s.committed = s.committed.max(generation);
-        } else {
-            s.failed = s.failed.max(generation);
+        match error {
+            None => s.committed = s.committed.max(generation),
+            Some(e) => {
+                s.failed = s.failed.max(generation);
+                s.last_error = e;
+            }
         }
         drop(s);
         self.spill_cv.notify_all();

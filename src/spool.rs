@@ -22,7 +22,7 @@ use crate::transport::{ReqwestTransport, Transport, TransportError};
 use crate::worker;
 
 /// How long `track()` with `durability = always` waits for its commit before it gives up on
-/// durability (the event stays queued in memory and the store error is reported).
+/// durability (the event stays queued in memory and the call returns `Error::NotDurable`).
 const ALWAYS_COMMIT_WAIT: Duration = Duration::from_secs(5);
 
 /// Options beyond [`Config`]: collaborators an app or a test supplies.
@@ -231,7 +231,8 @@ impl EventSpool {
     }
 
     /// Records an event now. Never waits on disk or network (except with `durability = always`,
-    /// which waits for the shared commit that makes it durable).
+    /// which waits for the shared commit that makes it durable, and returns
+    /// [`Error::NotDurable`] with the event's id when the store could not take it).
     pub fn track(&self, name: &str, properties: serde_json::Value) -> Result<EventId> {
         self.track_event(NewEvent::new(name, properties))
     }
@@ -241,7 +242,11 @@ impl EventSpool {
         self.check_accepting()?;
         let queued = self.prepare(&event)?;
         let id = queued.id;
-        self.accept(std::iter::once(queued), 1);
+        self.accept(std::iter::once(queued), 1)
+            .map_err(|reason| Error::NotDurable {
+                event_ids: vec![id],
+                reason,
+            })?;
         Ok(id)
     }
 
@@ -258,10 +263,15 @@ impl EventSpool {
                     .map_err(|err| Error::InvalidEvent(format!("event {}: {err}", i + 1)))
             })
             .collect::<Result<Vec<_>>>()?;
-        let ids = prepared.iter().map(|q| q.id).collect();
+        let ids: Vec<EventId> = prepared.iter().map(|q| q.id).collect();
         let n = prepared.len() as u64;
-        self.accept(prepared, n);
-        Ok(ids)
+        match self.accept(prepared, n) {
+            Ok(()) => Ok(ids),
+            Err(reason) => Err(Error::NotDurable {
+                event_ids: ids,
+                reason,
+            }),
+        }
     }
 
     fn check_accepting(&self) -> Result<()> {
@@ -284,24 +294,31 @@ impl EventSpool {
         )
     }
 
-    /// Queues validated events and wakes the worker when a flush trigger is reached.
-    fn accept(&self, events: impl IntoIterator<Item = QueuedEvent>, n: u64) {
+    /// Queues validated events and wakes the worker when a flush trigger is reached. The events
+    /// are queued either way; `Err` (only with `durability = always`) says why they are not in
+    /// the store.
+    fn accept(
+        &self,
+        events: impl IntoIterator<Item = QueuedEvent>,
+        n: u64,
+    ) -> std::result::Result<(), String> {
         let s = self.shared();
         if n == 0 {
-            return;
+            return Ok(());
         }
         s.counters.tracked.fetch_add(n, Ordering::Relaxed);
         // The first pending event arms the worker's periodic flush (an idle worker with nothing
         // to send sleeps without a deadline).
         let first = s.counters.enqueued(n) == 0;
-        match s.config.durability {
+        let durable = match s.config.durability {
             Durability::Spill => {
                 for event in events {
                     self.enqueue(event);
                 }
+                Ok(())
             }
             Durability::Always => self.enqueue_durably(events),
-        }
+        };
         if s.counters.pending() >= s.config.flush_at && !s.flush_at_reached.load(Ordering::Relaxed)
         {
             s.flush_at_reached.store(true, Ordering::SeqCst);
@@ -309,6 +326,7 @@ impl EventSpool {
         } else if first {
             s.wake.notify_one();
         }
+        durable
     }
 
     fn enqueue(&self, event: QueuedEvent) {
@@ -323,7 +341,12 @@ impl EventSpool {
         }
     }
 
-    fn enqueue_durably(&self, events: impl IntoIterator<Item = QueuedEvent>) {
+    /// Hands the events to the spill thread and waits for the commit that holds them (callers
+    /// arriving meanwhile share it).
+    fn enqueue_durably(
+        &self,
+        events: impl IntoIterator<Item = QueuedEvent>,
+    ) -> std::result::Result<(), String> {
         let s = self.shared();
         let generation = {
             let mut buffer = lock(&s.buffer);
@@ -347,6 +370,18 @@ impl EventSpool {
                 .wait_timeout(spill, left)
                 .map(|(g, _)| g)
                 .unwrap_or_else(|p| p.into_inner().0);
+        }
+        if spill.committed >= generation {
+            Ok(())
+        } else if spill.failed >= generation {
+            Err(format!("the store refused the write: {}", spill.last_error))
+        } else if spill.stop {
+            Err("the spool shut down before the store committed".into())
+        } else {
+            Err(format!(
+                "the store did not commit within {} s",
+                ALWAYS_COMMIT_WAIT.as_secs()
+            ))
         }
     }
 

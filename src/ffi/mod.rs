@@ -53,6 +53,14 @@ pub enum SpoolError {
     Storage { reason: String },
     #[error("not found: {reason}")]
     NotFound { reason: String },
+    /// `durability = always` could not put these events in the store (disk full, I/O error).
+    /// They are queued in memory and will be delivered; a crash before the store recovers
+    /// loses them.
+    #[error("tracked in memory only, not durable: {reason}")]
+    NotDurable {
+        event_ids: Vec<String>,
+        reason: String,
+    },
     /// A bug in the SDK was caught at the boundary; the app keeps running.
     #[error("internal error: {reason}")]
     Internal { reason: String },
@@ -71,6 +79,10 @@ impl From<Error> for SpoolError {
             Error::ShutDown => SpoolError::ShutDown,
             Error::Storage(reason) => SpoolError::Storage { reason },
             Error::NotFound(reason) => SpoolError::NotFound { reason },
+            Error::NotDurable { event_ids, reason } => SpoolError::NotDurable {
+                event_ids: event_ids.iter().map(ToString::to_string).collect(),
+                reason,
+            },
         }
     }
 }

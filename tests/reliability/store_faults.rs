@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use eventspool::collector::{CollectorConfig, ReferenceCollector};
-use eventspool::{DeliveryStatus, EventSpool, Notice};
+use eventspool::{DeliveryStatus, Durability, Error, EventSpool, NewEvent, Notice};
 use serde_json::json;
 
 use crate::common::{fast_config, integrity_ok};
@@ -355,4 +355,87 @@ fn read_only_location_is_refused_naming_the_path() {
         1,
         "the store was damaged by the read-only attempt"
     );
+}
+
+/// With `durability = always`, an event the store could not take is never reported as durable:
+/// `track()` names it in `Error::NotDurable`, it stays queued in memory, reaches the store once
+/// space returns, and is delivered with its id.
+#[test]
+fn durability_always_names_the_events_a_full_disk_kept_in_memory_only() {
+    let Some(fs) = TinyFs::mount(1024 * 1024) else {
+        return;
+    };
+    let collector = ReferenceCollector::start(CollectorConfig::default()).unwrap();
+    let mut c = fast_config(&collector.url());
+    c.db_path = Some(fs.path().join("events.db"));
+    c.durability = Durability::Always;
+    let spool = EventSpool::builder(c).start_offline().open().unwrap();
+    let mut tracked = vec![spool.track("before", json!({})).unwrap()];
+    assert_eq!(
+        spool.stats().pending_disk,
+        1,
+        "`always` returned before the commit"
+    );
+
+    let filler = fill(fs.path());
+    let mut not_durable = Vec::new();
+    for i in 0..2_000 {
+        match spool.track("during", json!({"i": i, "pad": "x".repeat(200)})) {
+            Ok(id) => tracked.push(id),
+            Err(Error::NotDurable { event_ids, reason }) => {
+                assert_eq!(event_ids.len(), 1, "{event_ids:?}");
+                assert!(reason.contains("store"), "reason says nothing: {reason}");
+                tracked.extend(&event_ids);
+                not_durable.extend(event_ids);
+                if not_durable.len() >= 20 {
+                    break;
+                }
+            }
+            Err(e) => panic!("track() on a full disk failed otherwise: {e}"),
+        }
+    }
+    assert!(
+        !not_durable.is_empty(),
+        "2,000 events on a full 1 MiB disk and track() never said one was not durable"
+    );
+    let batch = vec![NewEvent::new("batch", json!({"pad": "y".repeat(200)})); 3];
+    match spool.track_batch(&batch) {
+        Ok(ids) => tracked.extend(ids),
+        Err(Error::NotDurable { event_ids, .. }) => {
+            assert_eq!(event_ids.len(), 3, "a batch names all its events");
+            tracked.extend(event_ids);
+        }
+        Err(e) => panic!("track_batch() on a full disk failed otherwise: {e}"),
+    }
+    let stats = spool.stats();
+    assert_eq!(stats.pending, tracked.len() as u64, "{stats:?}");
+    assert!(stats.store_errors > 0, "{stats:?}");
+
+    // Space returns: the next commit takes the events kept in memory along with the new one.
+    std::fs::remove_file(filler).unwrap();
+    tracked.push(spool.track("after", json!({})).unwrap());
+    let stats = spool.stats();
+    assert_eq!(
+        stats.pending_disk,
+        tracked.len() as u64,
+        "events kept in memory did not reach the store once it had room: {stats:?}"
+    );
+    spool.set_online(true);
+    assert!(
+        spool.wait_drained(Duration::from_secs(30)),
+        "{:?}",
+        spool.stats()
+    );
+    for id in &not_durable {
+        assert!(collector.contains(&id.to_string()), "{id} never delivered");
+    }
+    assert_eq!(collector.distinct_count(), tracked.len() as u64);
+    eprintln!(
+        "always on a full disk: {} of {} events reported not durable, all {} delivered",
+        not_durable.len() + 3,
+        tracked.len(),
+        collector.distinct_count()
+    );
+    spool.shutdown(Duration::from_secs(5)).unwrap();
+    integrity_ok(&fs.path().join("events.db")).unwrap();
 }

@@ -86,6 +86,24 @@ pub fn reps(n: usize) -> usize {
     if n >= 1_000_000 { 1 } else { 3 }
 }
 
+/// CPU time (user + system) this process has used so far, in seconds, from `/proc/self/stat`
+/// (clock ticks, 100 per second on Linux). The drain figures report it beside wall time: on a
+/// shared machine wall time also counts waiting for the disk and for other tenants, CPU time
+/// is the work done per event, so it shows whether the cost itself grows with the backlog.
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after_name = stat.rsplit(')').next().unwrap_or_default();
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    // Fields 14 and 15 of proc(5) (utime, stime); the slice starts at field 3.
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (ticks(11) + ticks(12)) / 100.0
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -201,7 +219,7 @@ fn drain_ours(
     n: usize,
     compression: Compression,
     tag: &str,
-) -> Result<(f64, u64), Box<dyn std::error::Error>> {
+) -> Result<(f64, u64, f64), Box<dyn std::error::Error>> {
     let db = dir.join(format!("drain-{tag}.db"));
     copy_store(filled, &db)?;
     let c = collector(dir, &format!("collector-{tag}.db"))?;
@@ -209,9 +227,11 @@ fn drain_ours(
     cfg.min_batch_interval_ms = 0;
     cfg.compression = compression;
     let t = Instant::now();
+    let cpu = cpu_seconds();
     let spool = EventSpool::open(cfg)?;
     let drained = spool.wait_drained(Duration::from_secs(1800));
     let elapsed = t.elapsed().as_secs_f64();
+    let cpu_us_per_event = (cpu_seconds() - cpu) * 1e6 / n as f64;
     let requests = spool.stats().requests;
     spool.shutdown(Duration::from_secs(10))?;
     if !drained || c.distinct_count() != n as u64 {
@@ -221,7 +241,7 @@ fn drain_ours(
         )
         .into());
     }
-    Ok((n as f64 / elapsed, requests))
+    Ok((n as f64 / elapsed, requests, cpu_us_per_event))
 }
 
 /// The raw loop: the same stored bodies, 100 per request, POSTed one after another by reqwest.
@@ -231,7 +251,7 @@ fn drain_raw(
     n: usize,
     gzip: bool,
     tag: &str,
-) -> Result<f64, Box<dyn std::error::Error>> {
+) -> Result<(f64, f64), Box<dyn std::error::Error>> {
     let conn = rusqlite::Connection::open(filled)?;
     let bodies: Vec<String> = {
         let mut stmt = conn.prepare("SELECT body FROM events ORDER BY ts, seq")?;
@@ -260,6 +280,7 @@ fn drain_raw(
         .build()?;
     let url = c.url();
     let t = Instant::now();
+    let cpu = cpu_seconds();
     runtime.block_on(async {
         for body in batches {
             let mut request = client.post(&url).header("Content-Type", "application/json");
@@ -280,10 +301,11 @@ fn drain_raw(
         Ok::<(), Box<dyn std::error::Error>>(())
     })?;
     let elapsed = t.elapsed().as_secs_f64();
+    let cpu_us_per_event = (cpu_seconds() - cpu) * 1e6 / n as f64;
     if c.distinct_count() != n as u64 {
         return Err(format!("raw loop: collector holds {} of {n}", c.distinct_count()).into());
     }
-    Ok(n as f64 / elapsed)
+    Ok((n as f64 / elapsed, cpu_us_per_event))
 }
 
 pub fn drain(sizes: &[usize]) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
@@ -292,51 +314,64 @@ pub fn drain(sizes: &[usize]) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
         let dir = tempfile::tempdir()?;
         let filled = dir.path().join("filled.db");
         fill(&filled, n)?;
-        let (mut b, mut o, mut bg, mut og) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        // Per side: wall-clock rates and CPU µs per event, one entry per repetition.
+        let mut runs: [(Vec<f64>, Vec<f64>); 4] = Default::default();
+        let [raw_plain, ours_plain, raw_gzip, ours_gzip] = &mut runs;
         let (mut requests, mut requests_gz) = (0, 0);
         for rep in 0..reps(n) {
-            b.push(drain_raw(
-                dir.path(),
-                &filled,
-                n,
-                false,
-                &format!("plain{rep}"),
-            )?);
-            let (rate, r) = drain_ours(
-                dir.path(),
-                &filled,
-                n,
-                Compression::None,
-                &format!("plain{rep}"),
-            )?;
-            o.push(rate);
-            requests = r;
-            bg.push(drain_raw(
-                dir.path(),
-                &filled,
-                n,
-                true,
-                &format!("gzip{rep}"),
-            )?);
-            let (rate, r) = drain_ours(
-                dir.path(),
-                &filled,
-                n,
-                Compression::Gzip,
-                &format!("gzip{rep}"),
-            )?;
-            og.push(rate);
-            requests_gz = r;
+            for (gzip, raw, ours, requests) in [
+                (false, &mut *raw_plain, &mut *ours_plain, &mut requests),
+                (true, &mut *raw_gzip, &mut *ours_gzip, &mut requests_gz),
+            ] {
+                let tag = format!("{}{rep}", if gzip { "gzip" } else { "plain" });
+                let (rate, cpu) = drain_raw(dir.path(), &filled, n, gzip, &tag)?;
+                raw.0.push(rate);
+                raw.1.push(cpu);
+                let compression = if gzip {
+                    Compression::Gzip
+                } else {
+                    Compression::None
+                };
+                let (rate, r, cpu) = drain_ours(dir.path(), &filled, n, compression, &tag)?;
+                ours.0.push(rate);
+                ours.1.push(cpu);
+                *requests = r;
+            }
         }
-        let runs = json!({"ours_plain": o, "raw_plain": b, "ours_gzip": og, "raw_gzip": bg});
-        let (base, ours, base_gz, ours_gz) = (median(b), median(o), median(bg), median(og));
-        out.push(Row::rate(format!("drain {n} stored events, gzip off"), ours, base, "events/s", Some(0.5)).with(json!({
-            "events": n, "requests": requests, "ours_us_per_event": 1e6 / ours, "baseline_us_per_event": 1e6 / base,
-            "runs": runs,
-        })));
-        out.push(Row::rate(format!("drain {n} stored events, gzip on"), ours_gz, base_gz, "events/s", None).with(json!({
-            "events": n, "requests": requests_gz, "ours_us_per_event": 1e6 / ours_gz, "baseline_us_per_event": 1e6 / base_gz,
-        })));
+        let detail = |raw: &(Vec<f64>, Vec<f64>), ours: &(Vec<f64>, Vec<f64>), requests: u64| {
+            let (base, mine) = (median(raw.0.clone()), median(ours.0.clone()));
+            let extra = json!({
+                "events": n, "requests": requests,
+                "ours_us_per_event": 1e6 / mine, "baseline_us_per_event": 1e6 / base,
+                "ours_cpu_us_per_event": median(ours.1.clone()),
+                "baseline_cpu_us_per_event": median(raw.1.clone()),
+                "runs": {"ours_events_per_s": ours.0, "baseline_events_per_s": raw.0,
+                         "ours_cpu_us_per_event": ours.1, "baseline_cpu_us_per_event": raw.1},
+            });
+            (mine, base, extra)
+        };
+        let (ours, base, extra) = detail(raw_plain, ours_plain, requests);
+        out.push(
+            Row::rate(
+                format!("drain {n} stored events, gzip off"),
+                ours,
+                base,
+                "events/s",
+                Some(0.5),
+            )
+            .with(extra),
+        );
+        let (ours, base, extra) = detail(raw_gzip, ours_gzip, requests_gz);
+        out.push(
+            Row::rate(
+                format!("drain {n} stored events, gzip on"),
+                ours,
+                base,
+                "events/s",
+                None,
+            )
+            .with(extra),
+        );
     }
     Ok(out)
 }

@@ -16,8 +16,13 @@ pub const SPILL_BACKLOG_MIN: usize = 10_000;
 pub struct MemoryBuffer {
     /// Waiting to be sent, in delivery order.
     queued: BTreeMap<(i64, u64), QueuedEvent>,
-    /// Overflow handed to the spiller, oldest first; not yet in the store.
+    /// Overflow handed to the spiller, oldest first; not yet in the store. The delivery worker
+    /// reads it as part of memory (see [`MemoryBuffer::peek`]), so a batch never waits for the
+    /// whole spill backlog to be written first.
     spill: Vec<QueuedEvent>,
+    /// False once an event older than the last one joined `spill` (only callers that pass
+    /// their own timestamps do that); it is sorted again before anyone relies on its order.
+    spill_unsorted: bool,
     /// Events of the batch being sent that came from memory, by seq. `persisted` marks those
     /// `persist()` copied into the store meanwhile, so the acknowledgement deletes them there too.
     in_flight: BTreeMap<u64, (QueuedEvent, bool)>,
@@ -44,13 +49,14 @@ impl MemoryBuffer {
             };
             if spill_enabled {
                 overflow.spill_started |= self.spill.is_empty();
-                self.spill.push(oldest);
+                self.add_to_spill(oldest);
             } else {
                 overflow.dropped += 1;
             }
         }
         let ceiling = capacity.max(SPILL_BACKLOG_MIN);
         if self.spill.len() > ceiling {
+            self.sort_spill();
             let excess = self.spill.len() - ceiling;
             self.spill.drain(..excess);
             overflow.dropped += excess as u64;
@@ -61,24 +67,55 @@ impl MemoryBuffer {
     /// Adds straight to the spill queue (durability `always`).
     pub fn push_spill(&mut self, event: QueuedEvent) -> bool {
         let started = self.spill.is_empty();
-        self.spill.push(event);
+        self.add_to_spill(event);
         started
     }
 
-    pub fn take_spill(&mut self) -> Vec<QueuedEvent> {
-        std::mem::take(&mut self.spill)
+    fn add_to_spill(&mut self, event: QueuedEvent) {
+        if self
+            .spill
+            .last()
+            .is_some_and(|last| event.key() < last.key())
+        {
+            self.spill_unsorted = true;
+        }
+        self.spill.push(event);
+    }
+
+    fn sort_spill(&mut self) {
+        if self.spill_unsorted {
+            self.spill.sort_unstable_by_key(QueuedEvent::key);
+            self.spill_unsorted = false;
+        }
+    }
+
+    /// Takes up to `max` of the oldest events waiting to spill.
+    pub fn take_spill(&mut self, max: usize) -> Vec<QueuedEvent> {
+        if max >= self.spill.len() {
+            self.spill_unsorted = false;
+            return std::mem::take(&mut self.spill);
+        }
+        self.sort_spill();
+        let rest = self.spill.split_off(max);
+        std::mem::replace(&mut self.spill, rest)
+    }
+
+    pub fn spill_len(&self) -> usize {
+        self.spill.len()
     }
 
     /// Puts back a spill that the store refused, ahead of newer overflow.
     pub fn return_spill(&mut self, mut events: Vec<QueuedEvent>) {
         events.append(&mut self.spill);
         self.spill = events;
+        self.spill_unsorted = true;
     }
 
     /// Everything not yet in the store, for `persist()`: the queue and spill are moved out
     /// (first), the in-flight events are copied and marked persisted (second).
     pub fn take_for_persist(&mut self) -> (Vec<QueuedEvent>, Vec<QueuedEvent>) {
         let mut moved = std::mem::take(&mut self.spill);
+        self.spill_unsorted = false;
         moved.extend(std::mem::take(&mut self.queued).into_values());
         let mut copies = Vec::new();
         for (event, persisted) in self.in_flight.values_mut() {
@@ -99,19 +136,40 @@ impl MemoryBuffer {
         }
     }
 
-    /// The first `limit` queued events in delivery order, without removing them.
-    pub fn peek(&self, limit: usize) -> impl Iterator<Item = &QueuedEvent> {
-        self.queued.values().take(limit)
+    /// The first `limit` events in memory in delivery order, without removing them: the queued
+    /// ones, and with `with_spill` those waiting to spill too.
+    pub fn peek(&mut self, limit: usize, with_spill: bool) -> impl Iterator<Item = &QueuedEvent> {
+        self.sort_spill();
+        let mut queued = self.queued.values().peekable();
+        let spill = if with_spill { &self.spill[..] } else { &[] };
+        let mut spill = spill.iter().peekable();
+        std::iter::from_fn(move || match (queued.peek(), spill.peek()) {
+            (Some(q), Some(s)) if s.key() < q.key() => spill.next(),
+            (Some(_), _) => queued.next(),
+            (None, _) => spill.next(),
+        })
+        .take(limit)
     }
 
-    /// Moves these queued events into the in-flight set.
+    /// Moves these events (queued or waiting to spill) into the in-flight set.
     pub fn lease(&mut self, keys: &[(i64, u64)]) -> Vec<QueuedEvent> {
         let mut out = Vec::with_capacity(keys.len());
+        let mut in_spill = Vec::new();
         for key in keys {
-            if let Some(event) = self.queued.remove(key) {
-                self.in_flight.insert(event.seq, (event.clone(), false));
-                out.push(event);
+            match self.queued.remove(key) {
+                Some(event) => out.push(event),
+                None => in_spill.push(*key),
             }
+        }
+        if !in_spill.is_empty() {
+            in_spill.sort_unstable();
+            out.extend(
+                self.spill
+                    .extract_if(.., |e| in_spill.binary_search(&e.key()).is_ok()),
+            );
+        }
+        for event in &out {
+            self.in_flight.insert(event.seq, (event.clone(), false));
         }
         out
     }
@@ -144,7 +202,8 @@ impl MemoryBuffer {
             .collect()
     }
 
-    /// Drops queued events older than `cutoff_ms`; returns how many.
+    /// Drops events in memory (queued or waiting to spill) older than `cutoff_ms`; returns how
+    /// many.
     pub fn expire(&mut self, cutoff_ms: i64) -> u64 {
         let mut n = 0;
         while let Some(entry) = self.queued.first_entry() {
@@ -154,7 +213,9 @@ impl MemoryBuffer {
             entry.remove();
             n += 1;
         }
-        n
+        let before = self.spill.len();
+        self.spill.retain(|e| e.ts_ms >= cutoff_ms);
+        n + (before - self.spill.len()) as u64
     }
 
     /// Empties the queue and spill (opt-out purge); returns how many were removed.
@@ -162,6 +223,7 @@ impl MemoryBuffer {
         let n = self.queued.len() + self.spill.len();
         self.queued.clear();
         self.spill.clear();
+        self.spill_unsorted = false;
         n as u64
     }
 
@@ -195,12 +257,12 @@ mod tests {
         for (ts, seq) in [(30, 1), (10, 2), (20, 3), (10, 4)] {
             b.push(ev(ts, seq), 3, true);
         }
-        let spilled = b.take_spill();
+        let spilled = b.take_spill(usize::MAX);
         assert_eq!(
             spilled.iter().map(QueuedEvent::key).collect::<Vec<_>>(),
             [(10, 2)]
         );
-        let order: Vec<_> = b.peek(10).map(QueuedEvent::key).collect();
+        let order: Vec<_> = b.peek(10, true).map(QueuedEvent::key).collect();
         assert_eq!(order, [(10, 4), (20, 3), (30, 1)]);
     }
 
@@ -212,6 +274,34 @@ mod tests {
             .sum();
         assert_eq!(dropped, 6);
         assert_eq!(b.len(), 4);
+    }
+
+    #[test]
+    fn events_waiting_to_spill_are_read_and_leased_in_order_with_the_queue() {
+        let mut b = MemoryBuffer::default();
+        // Capacity 2: each push past it moves the oldest queued event to the spill queue, which
+        // ends up holding (5,1), (1,3), (3,5), (7,4) in that (unsorted) order; (8,6) and (9,2)
+        // stay queued.
+        for (ts, seq) in [(5, 1), (9, 2), (1, 3), (7, 4), (3, 5), (8, 6)] {
+            b.push(ev(ts, seq), 2, true);
+        }
+        assert_eq!(b.spill_len(), 4);
+        let order: Vec<_> = b.peek(10, true).map(QueuedEvent::key).collect();
+        assert_eq!(order, [(1, 3), (3, 5), (5, 1), (7, 4), (8, 6), (9, 2)]);
+        assert_eq!(b.peek(2, true).count(), 2);
+        // A batch may take events straight from the spill queue: they leave it.
+        assert_eq!(b.lease(&[(1, 3), (7, 4)]).len(), 2);
+        assert_eq!(b.spill_len(), 2);
+        // The spiller takes the oldest first, a bounded number at a time.
+        let first: Vec<_> = b.take_spill(1).iter().map(QueuedEvent::key).collect();
+        assert_eq!(first, [(3, 5)]);
+        // A released event returns to the queue; expiry reaches the spill queue too: (1,3) and
+        // (8,6) queued, (5,1) waiting to spill; the in-flight (7,4) is not touched.
+        b.release(&[3]);
+        assert_eq!(b.expire(9), 3);
+        let left: Vec<_> = b.peek(10, true).map(QueuedEvent::key).collect();
+        assert_eq!(left, [(9, 2)]);
+        assert_eq!(b.len(), 2, "(9,2) and the in-flight (7,4)");
     }
 
     #[test]

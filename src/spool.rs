@@ -131,8 +131,8 @@ impl EventSpool {
             api_key: Mutex::new(config.api_key.clone()),
             clock,
             transport,
-            buffer: Mutex::new(MemoryBuffer::default()),
-            spill_lock: Mutex::new(()),
+            buffer: parking_lot::Mutex::new(MemoryBuffer::default()),
+            spill_lock: parking_lot::Mutex::new(()),
             store,
             memory_quarantine: Mutex::new(MemoryQuarantine::default()),
             counters: Counters::default(),
@@ -332,7 +332,9 @@ impl EventSpool {
     fn enqueue(&self, event: QueuedEvent) {
         let s = self.shared();
         let overflow =
-            lock(&s.buffer).push(event, s.config.memory_capacity as usize, s.store.is_some());
+            s.buffer
+                .lock()
+                .push(event, s.config.memory_capacity as usize, s.store.is_some());
         s.counters
             .drop(DropReason::MemoryOverflow, overflow.dropped);
         if overflow.spill_started {
@@ -349,7 +351,7 @@ impl EventSpool {
     ) -> std::result::Result<(), String> {
         let s = self.shared();
         let generation = {
-            let mut buffer = lock(&s.buffer);
+            let mut buffer = s.buffer.lock();
             for event in events {
                 buffer.push_spill(event);
             }
@@ -451,8 +453,8 @@ impl EventSpool {
             return Err(Error::ShutDown);
         }
         let s = self.shared();
-        let _guard = lock(&s.spill_lock);
-        let mut n = lock(&s.buffer).clear();
+        let _guard = s.spill_lock.lock();
+        let mut n = s.buffer.lock().clear();
         if let Some(store) = &s.store {
             n += store.purge_queue()?;
         }
@@ -472,7 +474,7 @@ impl EventSpool {
     pub fn stats(&self) -> Stats {
         let s = self.shared();
         let mut stats = s.counters.snapshot();
-        stats.pending_memory = lock(&s.buffer).len() as u64;
+        stats.pending_memory = s.buffer.lock().len() as u64;
         if let Some(store) = &s.store {
             stats.pending_disk = store.len();
             stats.store_bytes = store.disk_usage();
@@ -568,7 +570,7 @@ impl EventSpool {
         let s = self.shared();
         let n = match &s.store {
             Some(store) => {
-                let _guard = lock(&s.spill_lock);
+                let _guard = s.spill_lock.lock();
                 store.redrive(selector, || s.next_seq())?
             }
             None => {
@@ -585,7 +587,9 @@ impl EventSpool {
                         json: q.body.into_boxed_str(),
                     };
                     let overflow =
-                        lock(&s.buffer).push(event, s.config.memory_capacity as usize, false);
+                        s.buffer
+                            .lock()
+                            .push(event, s.config.memory_capacity as usize, false);
                     s.counters
                         .drop(DropReason::MemoryOverflow, overflow.dropped);
                 }

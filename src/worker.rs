@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime};
 
 use crate::classify::{Failure, Outcome, classify};
-use crate::config::{BATCH_OVERHEAD_BYTES, Compression};
+use crate::config::{BATCH_OVERHEAD_BYTES, Compression, Durability};
 use crate::event::QueuedEvent;
 use crate::quarantine::{QuarantinedEvent, reason};
 use crate::retry::{AfterFailure, Episode, after_failure, next_delay_ms};
@@ -298,15 +298,20 @@ impl Worker {
     /// Takes the next batch in delivery order from memory and store together.
     fn assemble(&mut self) -> Option<Batch> {
         let s = &self.s;
-        let _guard = lock(&s.spill_lock);
-        if let Err(e) = s.spill_locked() {
-            tracing::warn!(error = %e, "spill before batch failed; sending from memory");
+        // Held while the batch is picked, so a spill in progress (events in neither memory nor
+        // the store yet) finishes first. Events still waiting to spill are read from memory,
+        // except with `durability = always`: there a caller is waiting for them to reach the
+        // disk, so they are committed first and read from the store.
+        let _guard = s.spill_lock.lock();
+        let always = s.config.durability == Durability::Always;
+        if always && let Err(e) = s.spill_locked() {
+            tracing::warn!(error = %e, "spill before batch failed; sending what is stored");
         }
         let cutoff = s
             .clock
             .wall_ms()
             .saturating_sub(s.config.max_event_age_ms as i64);
-        let expired_memory = lock(&s.buffer).expire(cutoff);
+        let expired_memory = s.buffer.lock().expire(cutoff);
         s.counters.drop(DropReason::Expired, expired_memory);
         let limit = s.config.max_batch_events as usize;
         let from_store = match &s.store {
@@ -331,14 +336,14 @@ impl Worker {
             }
             None => Vec::new(),
         };
-        let mut buffer = lock(&s.buffer);
+        let mut buffer = s.buffer.lock();
         let room = s.config.max_batch_bytes - BATCH_OVERHEAD_BYTES;
         let mut picked: Vec<(QueuedEvent, bool)> = Vec::new();
         let mut memory_keys = Vec::new();
         let mut bytes = 0u64;
         {
             let mut disk = from_store.into_iter().peekable();
-            let mut memory = buffer.peek(limit).peekable();
+            let mut memory = buffer.peek(limit, !always).peekable();
             while picked.len() < limit {
                 let take_disk = match (disk.peek(), memory.peek()) {
                     (Some(d), Some(m)) => d.key() <= m.key(),
@@ -604,13 +609,13 @@ impl Worker {
     }
 
     fn release(&self, events: Vec<(QueuedEvent, bool)>) {
-        let _guard = lock(&self.s.spill_lock);
+        let _guard = self.s.spill_lock.lock();
         let memory: Vec<u64> = events
             .iter()
             .filter(|(_, d)| !d)
             .map(|(e, _)| e.seq)
             .collect();
-        lock(&self.s.buffer).release(&memory);
+        self.s.buffer.lock().release(&memory);
         if let Some(store) = &self.s.store {
             let disk: Vec<u64> = events
                 .iter()
@@ -623,8 +628,8 @@ impl Worker {
 
     /// After a restart of the worker (a caught panic), nothing is in flight any more.
     fn recover_leases(&mut self) {
-        let _guard = lock(&self.s.spill_lock);
-        lock(&self.s.buffer).release_all();
+        let _guard = self.s.spill_lock.lock();
+        self.s.buffer.lock().release_all();
         if let Some(store) = &self.s.store {
             store.release_all();
         }

@@ -93,12 +93,14 @@ pub struct Shared {
     pub api_key: Mutex<Option<String>>,
     pub clock: Arc<dyn Clock>,
     pub transport: Arc<dyn Transport>,
+    /// Taken by every `track()`. `parking_lot` because a thread tracking in a tight loop retakes
+    /// a plain mutex before a woken waiter runs; its eventual fairness lets the spill thread and
+    /// the worker in.
     pub buffer: parking_lot::Mutex<MemoryBuffer>,
     /// Serializes moving events between memory and the store (spill, persist, batch assembly,
     /// acknowledgement) so no event is ever in neither place or counted in both. Under sustained
-    /// tracking the spill thread takes it back to back; with an unfair lock it retook it before
-    /// the woken delivery worker ran, and on a loaded machine delivery fell to a few batches a
-    /// second. The spill thread therefore hands it over fairly (see [`Shared::spill_now`]).
+    /// tracking the spill thread takes it chunk after chunk; it hands it over fairly between
+    /// chunks (see [`Shared::spill_now`]), so the worker waits for one chunk at most.
     pub spill_lock: parking_lot::Mutex<()>,
     pub store: Option<Store>,
     pub memory_quarantine: Mutex<MemoryQuarantine>,

@@ -279,16 +279,7 @@ impl Shared {
     /// quarantined): from the store, and from the in-flight set in memory.
     pub fn remove_from_queue(&self, events: &[(QueuedEvent, bool)]) -> Result<()> {
         let _guard = self.spill_lock.lock();
-        let memory: Vec<u64> = events
-            .iter()
-            .filter(|(_, from_store)| !from_store)
-            .map(|(e, _)| e.seq)
-            .collect();
-        let mut on_disk: Vec<u64> = events
-            .iter()
-            .filter(|(_, from_store)| *from_store)
-            .map(|(e, _)| e.seq)
-            .collect();
+        let (memory, mut on_disk) = seqs_by_origin(events);
         on_disk.extend(self.buffer.lock().acknowledge(&memory));
         if let Some(store) = &self.store
             && !on_disk.is_empty()
@@ -296,6 +287,16 @@ impl Shared {
             store.delete(&on_disk)?;
         }
         Ok(())
+    }
+
+    /// Gives events of an unanswered batch back to the queue, each to where it came from.
+    pub fn return_to_queue(&self, events: &[(QueuedEvent, bool)]) {
+        let _guard = self.spill_lock.lock();
+        let (memory, on_disk) = seqs_by_origin(events);
+        self.buffer.lock().release(&memory);
+        if let Some(store) = &self.store {
+            store.release(&on_disk);
+        }
     }
 
     /// Stores quarantined events (SQLite or memory) and applies the quarantine's limits.
@@ -337,4 +338,12 @@ impl Shared {
             }
         }
     }
+}
+
+/// The seqs of a batch's events, split by where each came from: (memory, store). The flag beside
+/// each event says it was read from the store.
+pub fn seqs_by_origin(events: &[(QueuedEvent, bool)]) -> (Vec<u64>, Vec<u64>) {
+    let (disk, memory): (Vec<_>, Vec<_>) = events.iter().partition(|(_, from_store)| *from_store);
+    let seqs = |v: Vec<&(QueuedEvent, bool)>| v.iter().map(|(e, _)| e.seq).collect();
+    (seqs(memory), seqs(disk))
 }

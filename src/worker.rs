@@ -12,7 +12,7 @@ use crate::config::{BATCH_OVERHEAD_BYTES, Compression, Durability};
 use crate::event::QueuedEvent;
 use crate::quarantine::{QuarantinedEvent, reason};
 use crate::retry::{AfterFailure, Episode, after_failure, next_delay_ms};
-use crate::shared::{Control, Shared, lock};
+use crate::shared::{Control, Shared, lock, seqs_by_origin};
 use crate::state::{DeliveryState, PauseReason};
 use crate::stats::DropReason;
 use crate::transport::{HttpRequest, TransportError};
@@ -376,12 +376,7 @@ impl Worker {
         }
         buffer.lease(&memory_keys);
         if let Some(store) = &s.store {
-            let seqs: Vec<u64> = picked
-                .iter()
-                .filter(|(_, d)| *d)
-                .map(|(e, _)| e.seq)
-                .collect();
-            store.lease(&seqs);
+            store.lease(&seqs_by_origin(&picked).1);
         }
         Some(Batch {
             events: picked,
@@ -534,7 +529,7 @@ impl Worker {
         if let Err(e) = self.s.add_to_quarantine(entries) {
             // Without a place to keep them, they stay queued rather than vanish.
             tracing::error!(error = %e, "could not quarantine events; keeping them queued");
-            self.release(events);
+            self.s.return_to_queue(&events);
             return;
         }
         let n = events.len() as u64;
@@ -605,25 +600,7 @@ impl Worker {
     /// Gives the events of unfinished batches back to the queue, in place.
     fn release_work(&mut self) {
         let events: Vec<_> = self.work.drain(..).flat_map(|b| b.events).collect();
-        self.release(events);
-    }
-
-    fn release(&self, events: Vec<(QueuedEvent, bool)>) {
-        let _guard = self.s.spill_lock.lock();
-        let memory: Vec<u64> = events
-            .iter()
-            .filter(|(_, d)| !d)
-            .map(|(e, _)| e.seq)
-            .collect();
-        self.s.buffer.lock().release(&memory);
-        if let Some(store) = &self.s.store {
-            let disk: Vec<u64> = events
-                .iter()
-                .filter(|(_, d)| *d)
-                .map(|(e, _)| e.seq)
-                .collect();
-            store.release(&disk);
-        }
+        self.s.return_to_queue(&events);
     }
 
     /// After a restart of the worker (a caught panic), nothing is in flight any more.

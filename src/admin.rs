@@ -101,8 +101,11 @@ impl StoreAdmin {
     /// Opens (or creates) the store and takes its owner lock; refused while a spool holds it.
     /// `max_disk_bytes` is only used for writes, and redrive writes nothing new in size.
     pub fn open(path: &Path) -> Result<StoreAdmin> {
-        let cap = crate::config::Config::new("https://unused.invalid").max_disk_bytes;
-        let opened = Store::open(path, cap, chrono::Utc::now().timestamp_millis())?;
+        let opened = Store::open(
+            path,
+            crate::config::DEFAULT_MAX_DISK_BYTES,
+            chrono::Utc::now().timestamp_millis(),
+        )?;
         Ok(StoreAdmin {
             store: opened.store,
             path: path.to_path_buf(),

@@ -92,6 +92,9 @@ pub const CONFIG_NAMES: &[&str] = &[
     "allow_insecure_http",
 ];
 
+/// The default `max_disk_bytes`; also the cap a store opened for triage (no config) gets.
+pub const DEFAULT_MAX_DISK_BYTES: u64 = 10 * MIB;
+
 impl Config {
     /// The defaults of DESIGN §6 with the one required field.
     pub fn new(endpoint: impl Into<String>) -> Config {
@@ -100,7 +103,7 @@ impl Config {
             api_key: None,
             db_path: None,
             memory_capacity: 1000,
-            max_disk_bytes: 10 * MIB,
+            max_disk_bytes: DEFAULT_MAX_DISK_BYTES,
             max_event_bytes: 32 * KIB,
             max_batch_events: 100,
             max_batch_bytes: 512 * KIB,

@@ -176,12 +176,4 @@ impl MemoryQuarantine {
         }
         counts
     }
-
-    pub fn len(&self) -> u64 {
-        self.entries.len() as u64
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
-    }
 }

@@ -320,8 +320,9 @@ impl Shared {
         let Some(store) = &s.store else { return Ok(0) };
         let _guard = s.spill_lock.lock();
         let (moved, copies) = s.buffer.lock().take_for_persist();
-        let mut all = moved.clone();
-        all.extend(copies.iter().cloned());
+        let first_copy = moved.len();
+        let mut all = moved;
+        all.extend(copies);
         match store.insert(&all) {
             Ok(report) => {
                 s.counters.drop(DropReason::DiskCap, report.evicted);
@@ -330,9 +331,10 @@ impl Shared {
                 Ok(report.inserted)
             }
             Err(e) => {
+                let copies: Vec<u64> = all.split_off(first_copy).iter().map(|e| e.seq).collect();
                 let mut buffer = s.buffer.lock();
-                buffer.return_spill(moved);
-                buffer.unmark_persisted(&copies.iter().map(|e| e.seq).collect::<Vec<_>>());
+                buffer.return_spill(all);
+                buffer.unmark_persisted(&copies);
                 s.counters.store_errors.fetch_add(1, Ordering::Relaxed);
                 Err(e)
             }

@@ -122,10 +122,6 @@ pub struct Counters {
 }
 
 impl Counters {
-    pub fn add(counter: &AtomicU64, n: u64) {
-        counter.fetch_add(n, Ordering::Relaxed);
-    }
-
     /// Counts events that entered the queue; returns the pending count before them.
     pub fn enqueued(&self, n: u64) -> i64 {
         self.pending.fetch_add(n as i64, Ordering::SeqCst)

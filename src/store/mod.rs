@@ -12,14 +12,15 @@ pub mod schema;
 
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
 
 use rusqlite::{Connection, ErrorCode, Transaction, params};
 use uuid::Uuid;
 
 use crate::error::{Error, Result};
 use crate::event::{EventId, QueuedEvent};
+use crate::shared::lock;
 
 pub use quarantine_sql::QuarantineSql;
 
@@ -197,20 +198,25 @@ impl Store {
         let _ = self
             .conn()
             .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()));
-        self.lock.lock().unwrap_or_else(|p| p.into_inner()).take();
+        lock(&self.lock).take();
     }
 
-    fn conn(&self) -> std::sync::MutexGuard<'_, Connection> {
-        self.conn.lock().unwrap_or_else(|p| p.into_inner())
+    fn conn(&self) -> MutexGuard<'_, Connection> {
+        lock(&self.conn)
     }
 
-    fn leased(&self) -> std::sync::MutexGuard<'_, Vec<u64>> {
-        self.leased.lock().unwrap_or_else(|p| p.into_inner())
+    fn leased(&self) -> MutexGuard<'_, Vec<u64>> {
+        lock(&self.leased)
     }
 
     /// Queued events on disk.
     pub fn len(&self) -> u64 {
         self.rows.load(Ordering::Relaxed)
+    }
+
+    /// Counts rows that left the table (never below zero).
+    fn forget_rows(&self, n: u64) {
+        self.rows.fetch_sub(n.min(self.len()), Ordering::Relaxed);
     }
 
     /// The next free seq, so `track()` order continues across restarts.
@@ -243,7 +249,7 @@ impl Store {
             }
             let tx = conn.transaction()?;
             {
-                let mut stmt = tx.prepare_cached("INSERT OR IGNORE INTO events (seq, ts, event_id, body) VALUES (?1, ?2, ?3, ?4)")?;
+                let mut stmt = tx.prepare_cached(INSERT_EVENT)?;
                 let mut id_buf = Uuid::encode_buffer();
                 for e in &events[start..end] {
                     let id = e.id.0.hyphenated().encode_lower(&mut id_buf);
@@ -259,8 +265,7 @@ impl Store {
             start = end;
         }
         self.rows.fetch_add(report.inserted, Ordering::Relaxed);
-        self.rows
-            .fetch_sub(report.evicted.min(self.len()), Ordering::Relaxed);
+        self.forget_rows(report.evicted);
         Ok(report)
     }
 
@@ -308,10 +313,8 @@ impl Store {
     /// Keeps the WAL inside its share of the cap: a checkpoint that truncates it once it passes
     /// half its share (the other half is the room the next transaction may need).
     fn checkpoint_if_needed(&self, conn: &Connection) -> Result<()> {
-        let wal = std::fs::metadata(wal_path(&self.path))
-            .map(|m| m.len())
-            .unwrap_or(0);
-        if wal > self.budget.wal_bytes / 2 || self.disk_usage() > self.budget.cap {
+        let wal = file_size(&wal_path(&self.path));
+        if wal > self.budget.wal_bytes / 2 || file_size(&self.path) + wal > self.budget.cap {
             conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
         }
         Ok(())
@@ -324,29 +327,29 @@ impl Store {
         let mut stmt = conn.prepare_cached(
             "SELECT seq, ts, event_id, body FROM events ORDER BY ts, seq LIMIT ?1",
         )?;
+        // Rows in flight, and rows whose id does not parse, are skipped before their body is
+        // copied out.
         let rows = stmt.query_map([(limit + leased.len()) as i64], |r| {
-            Ok((
-                r.get::<_, i64>(0)?,
-                r.get::<_, i64>(1)?,
-                r.get::<_, String>(2)?,
-                r.get::<_, String>(3)?,
-            ))
+            let seq = r.get::<_, i64>(0)? as u64;
+            if leased.contains(&seq) {
+                return Ok(None);
+            }
+            let Ok(id) = Uuid::try_parse(r.get_ref(2)?.as_str()?) else {
+                return Ok(None);
+            };
+            Ok(Some(QueuedEvent {
+                ts_ms: r.get(1)?,
+                seq,
+                id: EventId(id),
+                json: r.get::<_, String>(3)?.into_boxed_str(),
+            }))
         })?;
         let mut out = Vec::with_capacity(limit);
         for row in rows {
-            let (seq, ts, id, body) = row?;
-            if leased.contains(&(seq as u64)) {
-                continue;
-            }
-            let Ok(id) = Uuid::try_parse(&id) else {
+            let Some(event) = row? else {
                 continue;
             };
-            out.push(QueuedEvent {
-                ts_ms: ts,
-                seq: seq as u64,
-                id: EventId(id),
-                json: body.into_boxed_str(),
-            });
+            out.push(event);
             if out.len() == limit {
                 break;
             }
@@ -381,7 +384,7 @@ impl Store {
         tx.commit()?;
         drop(conn);
         self.release(seqs);
-        self.rows.fetch_sub(n.min(self.len()), Ordering::Relaxed);
+        self.forget_rows(n);
         Ok(n)
     }
 
@@ -408,7 +411,7 @@ impl Store {
             bump(&tx, counter::EXPIRED, n)?;
         }
         tx.commit()?;
-        self.rows.fetch_sub(n.min(self.len()), Ordering::Relaxed);
+        self.forget_rows(n);
         Ok(n)
     }
 
@@ -427,7 +430,7 @@ impl Store {
             conn.execute(&format!("DELETE FROM events WHERE seq NOT IN ({list})"), [])?
         } as u64;
         drop(conn);
-        self.rows.fetch_sub(n.min(self.len()), Ordering::Relaxed);
+        self.forget_rows(n);
         Ok(n)
     }
 
@@ -448,9 +451,7 @@ impl Store {
     ) -> Result<u64> {
         let n = self.with_quarantine(|q| {
             let taken = q.take(selector)?;
-            let mut stmt = q.tx().prepare_cached(
-                "INSERT OR IGNORE INTO events (seq, ts, event_id, body) VALUES (?1, ?2, ?3, ?4)",
-            )?;
+            let mut stmt = q.tx().prepare_cached(INSERT_EVENT)?;
             let mut n = 0;
             for e in &taken {
                 n += stmt.execute(params![next_seq() as i64, e.ts_ms, e.event_id, e.body])? as u64;
@@ -461,6 +462,10 @@ impl Store {
         Ok(n)
     }
 }
+
+/// The one way a row enters the queue (spill, persist, redrive); an id already queued is kept.
+const INSERT_EVENT: &str =
+    "INSERT OR IGNORE INTO events (seq, ts, event_id, body) VALUES (?1, ?2, ?3, ?4)";
 
 fn evict_oldest(tx: &Transaction<'_>, want: u64, leased: &[u64]) -> Result<u64> {
     let seqs: Vec<i64> = {
@@ -492,10 +497,13 @@ fn wal_path(path: &Path) -> PathBuf {
     PathBuf::from(format!("{}-wal", path.display()))
 }
 
+fn file_size(path: &Path) -> u64 {
+    std::fs::metadata(path).map(|m| m.len()).unwrap_or(0)
+}
+
 /// Database file plus WAL, as the file system reports them.
 pub fn disk_usage(path: &Path) -> u64 {
-    let size = |p: &Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
-    size(path) + size(&wal_path(path))
+    file_size(path) + file_size(&wal_path(path))
 }
 
 /// Creates the database file readable by its owner only, before SQLite opens it (SQLite gives

@@ -160,10 +160,7 @@ impl<'a> QuarantineSql<'a> {
             let rows = stmt.query_map(params_from_iter(args.iter()), row_to_event)?;
             rows.collect::<rusqlite::Result<_>>()?
         };
-        self.tx.execute(
-            &format!("DELETE FROM quarantine{clause}"),
-            params_from_iter(args.iter()),
-        )?;
+        self.purge(selector)?;
         Ok(taken)
     }
 

@@ -94,6 +94,17 @@ impl NewEvent {
             session_id: parsed.session_id,
         })
     }
+
+    /// One line of a JSON Lines input (`eventspool send`, the FFI's `track_batch`): `None` for a
+    /// blank line; the error names the line by its 1-based `number`.
+    pub fn from_numbered_line(number: usize, line: &str) -> Result<Option<NewEvent>, String> {
+        if line.trim().is_empty() {
+            return Ok(None);
+        }
+        NewEvent::from_json_line(line)
+            .map(Some)
+            .map_err(|e| format!("line {number}: {e}"))
+    }
 }
 
 /// An accepted event in its wire form, with the keys that order it.

@@ -527,10 +527,7 @@ impl EventSpool {
 
     /// Waits until nothing is pending and the worker is idle, or the timeout passes.
     pub fn wait_drained(&self, timeout: Duration) -> bool {
-        self.wait_for(timeout, |st| {
-            st.pending == 0 && st.state == DeliveryState::Idle
-        })
-        .is_some()
+        self.wait_for(timeout, |st| st.is_drained()).is_some()
     }
 
     /// Moves everything in memory to the store now: call it when the app goes to the background.

@@ -79,6 +79,13 @@ pub struct DeliveryStatus {
     pub pending: u64,
 }
 
+impl DeliveryStatus {
+    /// Nothing pending and nothing being sent: what "done" means for scripts and tools.
+    pub fn is_drained(&self) -> bool {
+        self.pending == 0 && self.state == DeliveryState::Idle
+    }
+}
+
 impl std::fmt::Display for DeliveryStatus {
     /// The seed UI's wording, handy for logs and terminal tools.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

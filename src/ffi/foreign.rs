@@ -145,12 +145,10 @@ impl Transport for TransportAdapter {
                 body: request.body,
                 timeout_ms: duration_ms(request.timeout),
             };
-            let joined = tokio::task::spawn_blocking(move || {
-                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| foreign.send(call)))
-            })
-            .await;
+            // A panic in the foreign call comes back as the task's `JoinError`.
+            let joined = tokio::task::spawn_blocking(move || foreign.send(call)).await;
             match joined {
-                Ok(Ok(Ok(mut response))) => {
+                Ok(Ok(mut response)) => {
                     response.body.truncate(MAX_RESPONSE_BYTES);
                     Ok(transport::HttpResponse {
                         status: response.status,
@@ -158,8 +156,8 @@ impl Transport for TransportAdapter {
                         body: response.body,
                     })
                 }
-                Ok(Ok(Err(e))) => Err(e.into()),
-                Ok(Err(_)) | Err(_) => Err(TransportError::Io(
+                Ok(Err(e)) => Err(e.into()),
+                Err(_) => Err(TransportError::Io(
                     "the app's HTTP transport panicked".into(),
                 )),
             }

@@ -313,9 +313,12 @@ impl EventSpool {
 
     /// Records an event; `properties_json` must be a JSON object. Returns its `event_id`.
     pub fn track(&self, name: String, properties_json: String) -> Result<String, SpoolError> {
-        self.with_core(|core| {
-            let properties = parse_properties(&properties_json)?;
-            core.track(&name, properties).map(|id| id.to_string())
+        self.track_event(NewEvent {
+            name,
+            properties_json,
+            event_id: None,
+            timestamp: None,
+            session_id: None,
         })
     }
 
@@ -328,12 +331,11 @@ impl EventSpool {
         self.with_core(|core| {
             let mut events = Vec::new();
             for (i, line) in events_jsonl.lines().enumerate() {
-                if line.trim().is_empty() {
-                    continue;
+                if let Some(event) =
+                    crate::NewEvent::from_numbered_line(i + 1, line).map_err(Error::InvalidEvent)?
+                {
+                    events.push(event);
                 }
-                let event = crate::NewEvent::from_json_line(line)
-                    .map_err(|e| Error::InvalidEvent(format!("line {}: {e}", i + 1)))?;
-                events.push(event);
             }
             core.track_batch(&events).map(|ids| ids.len() as u64)
         })

@@ -71,9 +71,7 @@ pub fn run(args: CollectorArgs) -> CmdResult {
         )));
     }
     let outage = match args.outage_secs {
-        Some(secs) => Some(Duration::try_from_secs_f64(secs).map_err(|_| {
-            Failure::bad_input(format!("--outage-secs {secs}: not a duration in seconds"))
-        })?),
+        Some(value) => Some(crate::secs("--outage-secs", value)?),
         None => None,
     };
     tracing_subscriber::fmt()

@@ -424,7 +424,7 @@ fn story(args: &DemoArgs, pace: &Pace, screen: &mut Screen) -> CmdResult {
             s.quarantined,
             status.pending
         );
-        if status.pending == 0 && status.state == DeliveryState::Idle {
+        if status.is_drained() {
             screen.say(&format!("   {}", text.trim_end_matches("   [q] quit")));
             break;
         }

@@ -136,13 +136,14 @@ impl Connection {
     }
 
     pub fn timeout(&self) -> Result<std::time::Duration, Failure> {
-        std::time::Duration::try_from_secs_f64(self.timeout).map_err(|_| {
-            Failure::bad_input(format!(
-                "--timeout {}: not a duration in seconds",
-                self.timeout
-            ))
-        })
+        secs("--timeout", self.timeout)
     }
+}
+
+/// A flag given in seconds; refused (naming the flag) when it is negative or not finite.
+pub fn secs(flag: &str, value: f64) -> Result<std::time::Duration, Failure> {
+    std::time::Duration::try_from_secs_f64(value)
+        .map_err(|_| Failure::bad_input(format!("{flag} {value}: not a duration in seconds")))
 }
 
 /// Prints one JSON value on its own stdout line.

@@ -58,11 +58,11 @@ fn read_events(input: &PathBuf, max_event_bytes: u64) -> Result<Vec<NewEvent>, F
         let number = i + 1;
         let line =
             line.map_err(|e| Failure::bad_input(format!("line {number}: cannot read: {e}")))?;
-        if line.trim().is_empty() {
+        let Some(event) =
+            NewEvent::from_numbered_line(number, &line).map_err(Failure::bad_input)?
+        else {
             continue;
-        }
-        let event = NewEvent::from_json_line(&line)
-            .map_err(|e| Failure::bad_input(format!("line {number}: {e}")))?;
+        };
         eventspool::event::prepare(&event, now, 0, max_event_bytes)
             .map_err(|e| Failure::bad_input(format!("line {number}: {e}")))?;
         events.push(event);
@@ -139,9 +139,7 @@ fn finish(
     let last = loop {
         let left = deadline.saturating_duration_since(Instant::now());
         let step = left.min(Duration::from_millis(200));
-        let status = spool.wait_for(step, |st| {
-            (st.pending == 0 && st.state == DeliveryState::Idle) || stuck(st)
-        });
+        let status = spool.wait_for(step, |st| st.is_drained() || stuck(st));
         progress.show(&spool.stats());
         match status {
             Some(st) => break st,

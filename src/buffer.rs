@@ -152,7 +152,8 @@ impl MemoryBuffer {
     }
 
     /// Moves these events (queued or waiting to spill) into the in-flight set.
-    pub fn lease(&mut self, keys: &[(i64, u64)]) -> Vec<QueuedEvent> {
+    /// Returns the seqs of those it found. The caller already holds copies to send.
+    pub fn lease(&mut self, keys: &[(i64, u64)]) -> Vec<u64> {
         let mut out = Vec::with_capacity(keys.len());
         let mut in_spill = Vec::new();
         for key in keys {
@@ -168,10 +169,13 @@ impl MemoryBuffer {
                     .extract_if(.., |e| in_spill.binary_search(&e.key()).is_ok()),
             );
         }
-        for event in &out {
-            self.in_flight.insert(event.seq, (event.clone(), false));
-        }
-        out
+        out.into_iter()
+            .map(|event| {
+                let seq = event.seq;
+                self.in_flight.insert(seq, (event, false));
+                seq
+            })
+            .collect()
     }
 
     /// Returns in-flight events to the queue (the attempt failed or was abandoned).

@@ -251,16 +251,22 @@ impl Config {
                 ),
             ));
         }
-        if let Some(key) = &self.api_key
-            && (key.is_empty() || key.chars().any(|c| c.is_control()))
-        {
-            return Err(ConfigError::new(
-                "api_key",
-                "must be non-empty and contain no control characters",
-            ));
+        if let Some(key) = &self.api_key {
+            check_api_key(key)?;
         }
         Ok(())
     }
+}
+
+/// An API key goes into an HTTP header: it must be non-empty and free of control characters.
+pub(crate) fn check_api_key(key: &str) -> Result<(), ConfigError> {
+    if key.is_empty() || key.chars().any(|c| c.is_control()) {
+        return Err(ConfigError::new(
+            "api_key",
+            "must be non-empty and contain no control characters",
+        ));
+    }
+    Ok(())
 }
 
 fn non_empty(value: &str) -> Option<String> {

@@ -421,14 +421,8 @@ impl EventSpool {
 
     /// New credentials; leaves `Paused{auth}`.
     pub fn set_api_key(&self, api_key: Option<String>) -> Result<()> {
-        if let Some(key) = &api_key
-            && (key.is_empty() || key.chars().any(|c| c.is_control()))
-        {
-            return Err(ConfigError::new(
-                "api_key",
-                "must be non-empty and contain no control characters",
-            )
-            .into());
+        if let Some(key) = &api_key {
+            crate::config::check_api_key(key)?;
         }
         *lock(&self.shared().api_key) = api_key;
         self.shared().control(|c| c.api_key_changed = true);

@@ -438,16 +438,14 @@ impl Worker {
             Outcome::Delivered => self.delivered(batch.events),
             Outcome::Partial { rejected } => {
                 let status = Some(200);
-                let (bad, good): (Vec<_>, Vec<_>) = batch
-                    .events
-                    .into_iter()
-                    .partition(|(e, _)| rejected.iter().any(|r| r.event_id == e.id.to_string()));
-                for (event, from_store) in bad {
-                    let why = rejected
-                        .iter()
-                        .find(|r| r.event_id == event.id.to_string())
-                        .map(|r| r.reason.clone())
-                        .unwrap_or_default();
+                let mut good = Vec::new();
+                for (event, from_store) in batch.events {
+                    let id = event.id.to_string();
+                    let Some(rejection) = rejected.iter().find(|r| r.event_id == id) else {
+                        good.push((event, from_store));
+                        continue;
+                    };
+                    let why = rejection.reason.clone();
                     self.quarantine(
                         vec![(event, from_store)],
                         reason::REJECTED,

@@ -136,10 +136,7 @@ fn new_record(index: usize, at: Instant, headers: &HeaderMap) -> RequestRecord {
         status: None,
         body_bytes: 0,
         decoded_bytes: 0,
-        gzip: content_encoding.is_some_and(|e| {
-            let e = e.trim();
-            e.eq_ignore_ascii_case("gzip") || e.eq_ignore_ascii_case("x-gzip")
-        }),
+        gzip: content_encoding.as_deref().is_some_and(wire::is_gzip),
         attempt: header_text(headers, ATTEMPT_HEADER).and_then(|a| a.trim().parse().ok()),
         authorization: header_text(headers, header::AUTHORIZATION),
         user_agent: header_text(headers, header::USER_AGENT),

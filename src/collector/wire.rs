@@ -34,6 +34,12 @@ pub(super) enum DecodeError {
     Unsupported(String),
 }
 
+/// Whether a `Content-Encoding` value names gzip (either spelling HTTP allows).
+pub(super) fn is_gzip(encoding: &str) -> bool {
+    let encoding = encoding.trim();
+    encoding.eq_ignore_ascii_case("gzip") || encoding.eq_ignore_ascii_case("x-gzip")
+}
+
 /// Undoes `Content-Encoding`, reading at most `limit` decoded bytes. An unencoded body is
 /// borrowed, not copied: it can be 64 MiB.
 pub(super) fn decode<'a>(
@@ -45,7 +51,7 @@ pub(super) fn decode<'a>(
     if encoding.is_empty() || encoding.eq_ignore_ascii_case("identity") {
         return Ok(Cow::Borrowed(raw));
     }
-    if !(encoding.eq_ignore_ascii_case("gzip") || encoding.eq_ignore_ascii_case("x-gzip")) {
+    if !is_gzip(encoding) {
         return Err(DecodeError::Unsupported(format!(
             "unsupported content-encoding {encoding:?}; use gzip or none"
         )));

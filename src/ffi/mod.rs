@@ -16,7 +16,7 @@ mod types;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 pub use foreign::{
@@ -31,6 +31,7 @@ pub use types::{
 use crate::config::Config;
 use crate::error::Error;
 use crate::quarantine::ListFilter;
+use crate::shared::lock;
 
 /// The errors apps catch (`SpoolException` in Kotlin). Named so it shadows nothing in Kotlin,
 /// Swift or Python; messages never hold the API key or an event payload.
@@ -217,21 +218,29 @@ impl TryFrom<SpoolConfig> for Config {
 /// persists what is in memory and releases the store file, so another spool may open it.
 #[derive(uniffi::Object)]
 pub struct EventSpool {
-    /// `None` once shut down: dropping the core handle is what closes the store and its lock.
-    core: Mutex<Option<crate::EventSpool>>,
-    /// The last state and stats, kept at shutdown so a UI can still render them.
-    last: Mutex<Option<(DeliveryStatus, SpoolStats)>>,
+    handle: Mutex<Handle>,
     callback_errors: Arc<AtomicU64>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
+enum Handle {
+    Open(crate::EventSpool),
+    /// After shutdown: dropping the core handle is what closes the store and its lock; the
+    /// final state and stats stay so a UI can still render them.
+    Closed(Box<(DeliveryStatus, SpoolStats)>),
 }
 
 impl EventSpool {
-    /// A clone of the core handle (cheap), so no lock is held while the core works.
+    /// A clone of the core handle (cheap), so no lock is held while the core works; after
+    /// shutdown, the final state and stats.
+    fn current(&self) -> Result<crate::EventSpool, Box<(DeliveryStatus, SpoolStats)>> {
+        match &*lock(&self.handle) {
+            Handle::Open(core) => Ok(core.clone()),
+            Handle::Closed(last) => Err(last.clone()),
+        }
+    }
+
     fn core(&self) -> Option<crate::EventSpool> {
-        lock(&self.core).clone()
+        self.current().ok()
     }
 
     fn with_core<T>(
@@ -247,29 +256,8 @@ impl EventSpool {
         }
     }
 
-    fn snapshot(&self, core: &crate::EventSpool) -> (DeliveryStatus, SpoolStats) {
-        let status = (&core.state()).into();
-        (
-            status,
-            SpoolStats::from_core(core.stats(), self.callback_errors.load(Ordering::Relaxed)),
-        )
-    }
-
-    fn last(&self) -> (DeliveryStatus, SpoolStats) {
-        lock(&self.last).clone().unwrap_or_else(|| {
-            let status = DeliveryStatus {
-                state: DeliveryState::Idle,
-                pending: 0,
-                summary: "shut down".into(),
-            };
-            (
-                status,
-                SpoolStats::from_core(
-                    crate::Stats::default(),
-                    self.callback_errors.load(Ordering::Relaxed),
-                ),
-            )
-        })
+    fn stats_of(&self, core: &crate::EventSpool) -> SpoolStats {
+        SpoolStats::from_core(core.stats(), self.callback_errors.load(Ordering::Relaxed))
     }
 }
 
@@ -305,8 +293,7 @@ impl EventSpool {
             builder.open()
         })?;
         Ok(Arc::new(EventSpool {
-            core: Mutex::new(Some(inner)),
-            last: Mutex::new(None),
+            handle: Mutex::new(Handle::Open(inner)),
             callback_errors,
         }))
     }
@@ -398,17 +385,17 @@ impl EventSpool {
 
     /// The current state, with the countdown computed now; after `shutdown`, the last one.
     pub fn state(&self) -> DeliveryStatus {
-        match self.core() {
-            Some(core) => (&core.state()).into(),
-            None => self.last().0,
+        match self.current() {
+            Ok(core) => (&core.state()).into(),
+            Err(last) => last.0,
         }
     }
 
     /// Where every event went; after `shutdown`, the final figures.
     pub fn stats(&self) -> SpoolStats {
-        match self.core() {
-            Some(core) => self.snapshot(&core).1,
-            None => self.last().1,
+        match self.current() {
+            Ok(core) => self.stats_of(&core),
+            Err(last) => last.1,
         }
     }
 
@@ -423,9 +410,9 @@ impl EventSpool {
     /// Blocks up to `timeout_ms` until nothing is pending and delivery is idle. For scripts,
     /// tests and desktop tools; never call it on a UI thread.
     pub fn wait_drained(&self, timeout_ms: u64) -> bool {
-        match self.core() {
-            Some(core) => core.wait_drained(Duration::from_millis(timeout_ms)),
-            None => self.last().0.pending == 0,
+        match self.current() {
+            Ok(core) => core.wait_drained(Duration::from_millis(timeout_ms)),
+            Err(last) => last.0.pending == 0,
         }
     }
 
@@ -442,9 +429,8 @@ impl EventSpool {
             return Ok(());
         };
         let result = guard(|| core.shutdown(Duration::from_millis(timeout_ms)));
-        let last = self.snapshot(&core);
-        *lock(&self.last) = Some(last);
-        lock(&self.core).take();
+        let last = Handle::Closed(Box::new(((&core.state()).into(), self.stats_of(&core))));
+        *lock(&self.handle) = last;
         // Our handle goes last, which closes the store (unless a call still running holds a
         // clone; then it closes as that call returns).
         drop(core);

@@ -175,16 +175,16 @@ impl Store {
         budget: DiskBudget,
     ) -> rusqlite::Result<Result<(Connection, u64, u64), schema::Unusable>> {
         let mut conn = Connection::open(path)?;
-        if let Err(unusable) = schema::inspect(&conn)? {
-            return Ok(Err(unusable));
-        }
+        let version = match schema::inspect(&conn)? {
+            Ok(version) => version,
+            Err(unusable) => return Ok(Err(unusable)),
+        };
         let page_size: u64 =
             conn.pragma_query_value(None, "page_size", |r| r.get::<_, i64>(0))? as u64;
         let checkpoint_pages = (budget.wal_bytes / 2 / page_size.max(512)).max(8);
         schema::configure(&conn, budget.wal_bytes / 2, checkpoint_pages)?;
-        if let Err(unusable) = schema::migrate(&mut conn)? {
-            return Ok(Err(unusable));
-        }
+        // The owner lock is held, so nothing changed the file since `inspect` read it.
+        schema::migrate(&mut conn, version)?;
         let rows: i64 = conn.query_row("SELECT count(*) FROM events", [], |r| r.get(0))?;
         conn.query_row("SELECT count(*) FROM quarantine", [], |r| {
             r.get::<_, i64>(0)

@@ -109,17 +109,13 @@ pub fn inspect(conn: &Connection) -> Result<Result<i64, Unusable>, rusqlite::Err
     Ok(Ok(version))
 }
 
-/// Brings the schema to [`SCHEMA_VERSION`], or says why this file is not ours to touch.
-pub fn migrate(conn: &mut Connection) -> Result<Result<(), Unusable>, rusqlite::Error> {
-    let version = match inspect(conn)? {
-        Ok(version) => version,
-        Err(unusable) => return Ok(Err(unusable)),
-    };
+/// Brings the schema from `version` (what [`inspect`] found) to [`SCHEMA_VERSION`].
+pub fn migrate(conn: &mut Connection, version: i64) -> rusqlite::Result<()> {
     for (from, step) in MIGRATIONS.iter().enumerate().skip(version as usize) {
         let tx = conn.transaction()?;
         tx.execute_batch(step)?;
         tx.pragma_update(None, "user_version", from as i64 + 1)?;
         tx.commit()?;
     }
-    Ok(Ok(()))
+    Ok(())
 }

@@ -214,8 +214,10 @@ fn event_that_never_gets_an_answer_is_quarantined_as_max_sends() {
     // The first run gives up after two sends (one retry).
     cfg.max_auto_attempts = 1;
     let clock = instant_clock();
+    // Tracked offline, so the auto-advancing clock's periodic flush cannot send a partial batch.
     let spool = EventSpool::builder(cfg.clone())
         .clock(clock.clone())
+        .start_offline()
         .open()
         .unwrap();
     let mut good = Vec::new();
@@ -224,11 +226,16 @@ fn event_that_never_gets_an_answer_is_quarantined_as_max_sends() {
     for i in 1..4 {
         good.push(spool.track("fine", json!({"i": i})).unwrap().to_string());
     }
-    spool.flush();
+    spool.set_online(true);
     wait_state(&spool, "budget spent", |s| {
         matches!(s, DeliveryState::WaitingForUser { .. })
     });
-    assert_eq!(collector.request_count(), 2);
+    let first: Vec<(Option<u32>, String)> = collector
+        .requests()
+        .iter()
+        .map(|r| (r.attempt, r.outcome.clone()))
+        .collect();
+    assert_eq!(collector.request_count(), 2, "{first:?} {:?}", spool.stats());
     spool.shutdown(Duration::from_secs(10)).unwrap();
     drop(spool);
 
@@ -268,4 +275,99 @@ fn event_that_never_gets_an_answer_is_quarantined_as_max_sends() {
     assert_eq!(requests[2].attempt, Some(3), "the count survived the reopen");
     assert!(!collector.contains(&poison));
     assert!(stats.balances(), "{stats:?}");
+}
+
+/// The poison event first in its batch: alone it fails before any other request was answered,
+/// so the collector might just be down; the next piece goes first as a probe, and only once that
+/// is answered is the event quarantined.
+#[test]
+fn max_sends_isolation_probes_before_quarantining_the_first_event() {
+    let collector = collector();
+    collector.set_behavior(Behavior {
+        drop_name: Some("poison".into()),
+        ..Default::default()
+    });
+    let mut cfg = config(&collector);
+    cfg.max_event_sends = 2;
+    let spool = EventSpool::builder(cfg)
+        .clock(instant_clock())
+        .start_offline()
+        .open()
+        .unwrap();
+    let poison = spool.track("poison", json!({})).unwrap().to_string();
+    for i in 0..3 {
+        spool.track("fine", json!({"i": i})).unwrap();
+    }
+    spool.set_online(true);
+    assert!(spool.wait_drained(WAIT), "{}", spool.state());
+    let stats = spool.stats();
+    assert_eq!((stats.delivered, stats.quarantined), (3, 1), "{stats:?}");
+    let q = spool.quarantine_get(&poison).unwrap().expect("quarantined");
+    assert_eq!(q.reason, "max_sends");
+    let requests = collector.requests();
+    let sizes: Vec<usize> = requests.iter().map(|r| r.event_ids.len()).collect();
+    // Twice whole, then [poison, fine0] (split), [poison] alone (no answer yet: probe),
+    // [fine0] delivered, [poison] again (now quarantined), [fine1, fine2].
+    assert_eq!(sizes, [4, 4, 2, 1, 1, 1, 2]);
+    assert_eq!(requests[3].event_ids, vec![poison.clone()]);
+    assert_eq!(requests[5].event_ids, vec![poison]);
+    assert_eq!(requests[4].status, Some(200));
+}
+
+/// A collector that answers nothing at all is down, not poisoned: nothing is quarantined, the
+/// events stay queued, and the usual retry budget ends in `WaitingForUser`.
+#[test]
+fn a_collector_that_never_answers_quarantines_nothing() {
+    let collector = collector();
+    collector.set_behavior(Behavior {
+        drop_rate: 1.0,
+        ..Default::default()
+    });
+    let mut cfg = config(&collector);
+    cfg.max_event_sends = 2;
+    let spool = EventSpool::builder(cfg)
+        .clock(instant_clock())
+        .start_offline()
+        .open()
+        .unwrap();
+    for i in 0..4 {
+        spool.track("fine", json!({"i": i})).unwrap();
+    }
+    spool.set_online(true);
+    let st = wait_state(&spool, "budget spent", |s| {
+        matches!(s, DeliveryState::WaitingForUser { .. })
+    });
+    let stats = spool.stats();
+    assert_eq!((stats.quarantined, st.pending), (0, 4), "{stats:?}");
+    let n = collector.request_count();
+    // The episode's six failures (the first send and five retries: the whole batch once, then
+    // the two singles in turn), plus the two sends that led to splits without a backoff: the
+    // second whole send and its first half.
+    assert_eq!(n, 8, "requests bounded by the retry budget");
+}
+
+/// `dismiss()` and a pause ended by `resume()` do not restart the header either.
+#[test]
+fn attempt_header_counts_resends_after_dismiss_and_resume() {
+    let collector = collector();
+    let mut cfg = config(&collector);
+    cfg.max_auto_attempts = 1;
+    let spool = EventSpool::builder(cfg)
+        .clock(instant_clock())
+        .open()
+        .unwrap();
+    spool.track("e", json!({})).unwrap();
+    collector.push_statuses(&[503, 503, 401]);
+    spool.flush();
+    wait_state(&spool, "budget spent", |s| {
+        matches!(s, DeliveryState::WaitingForUser { .. })
+    });
+    spool.dismiss();
+    wait_state(&spool, "idle", |s| matches!(s, DeliveryState::Idle));
+    spool.flush();
+    wait_state(&spool, "paused", |s| matches!(s, DeliveryState::Paused { .. }));
+    spool.resume();
+    assert!(spool.wait_drained(WAIT), "{}", spool.state());
+    let attempts: Vec<Option<u32>> = collector.requests().iter().map(|r| r.attempt).collect();
+    assert_eq!(attempts, [Some(1), Some(2), Some(3), Some(4)]);
 }

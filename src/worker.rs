@@ -387,7 +387,11 @@ impl Worker {
         if event_ids.is_empty() {
             return;
         }
-        tracing::warn!(events = event_ids.len(), reason = reason.as_str(), "events dropped");
+        tracing::warn!(
+            events = event_ids.len(),
+            reason = reason.as_str(),
+            "events dropped"
+        );
         self.s.notice(Notice::EventsDropped {
             reason: reason.as_str().to_string(),
             event_ids,
@@ -601,8 +605,7 @@ impl Worker {
     /// waits behind it. Returns the batch when its failure is an ordinary transient one.
     fn isolate_unanswered(&mut self, batch: Batch, failure: &Failure) -> Option<Batch> {
         let limit = self.s.config.max_event_sends;
-        if !self.last_send_unanswered || !batch.events.iter().any(|(e, _)| e.unanswered >= limit)
-        {
+        if !self.last_send_unanswered || !batch.events.iter().any(|(e, _)| e.unanswered >= limit) {
             return Some(batch);
         }
         if batch.events.len() > 1 {
@@ -622,7 +625,13 @@ impl Worker {
         if self.isolation.is_some_and(|mark| self.answers > mark) {
             let sends = batch.events.first().map_or(0, |(e, _)| e.unanswered);
             let detail = format!("no answer to {sends} requests carrying it; last: {failure}");
-            self.quarantine(batch.events, reason::MAX_SENDS, detail, None, batch.attempts);
+            self.quarantine(
+                batch.events,
+                reason::MAX_SENDS,
+                detail,
+                None,
+                batch.attempts,
+            );
             return None;
         }
         self.isolation = Some(self.answers);

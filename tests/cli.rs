@@ -515,8 +515,21 @@ fn flush_names_each_expired_event_on_stderr() {
         .map(|id| format!("{{\"name\":\"old\",\"event_id\":\"{id}\"}}\n"))
         .collect();
     let input = write_input(dir.path(), &input);
-    let budget = ["--set", "max_auto_attempts=1", "--set", "backoff_base_ms=10"];
-    let mut args = vec!["send", "--endpoint", &dead, "--db", s(&db), "--input", s(&input)];
+    let budget = [
+        "--set",
+        "max_auto_attempts=1",
+        "--set",
+        "backoff_base_ms=10",
+    ];
+    let mut args = vec![
+        "send",
+        "--endpoint",
+        &dead,
+        "--db",
+        s(&db),
+        "--input",
+        s(&input),
+    ];
     args.extend(budget);
     let out = run(&args);
     assert_eq!(out.code, 3, "stdout: {} stderr: {}", out.stdout, out.stderr);

@@ -227,7 +227,7 @@ pub struct QuarantinedEvent {
     pub ts_ms: i64,
     /// The event's wire JSON.
     pub body: String,
-    /// `rejected`, `bad_request` or `too_large`.
+    /// `rejected`, `bad_request`, `too_large` or `max_sends`.
     pub reason: String,
     /// The collector's words (at most 1 KiB).
     pub detail: String,

@@ -416,7 +416,10 @@ impl Store {
         let mut gone = Vec::new();
         {
             let mut stmt = tx.prepare_cached("DELETE FROM events WHERE seq = ?1")?;
-            for (seq, id) in rows.into_iter().filter(|(s, _)| !leased.contains(&(*s as u64))) {
+            for (seq, id) in rows
+                .into_iter()
+                .filter(|(s, _)| !leased.contains(&(*s as u64)))
+            {
                 if stmt.execute([seq])? > 0
                     && let Ok(id) = Uuid::try_parse(&id)
                 {
@@ -536,7 +539,8 @@ impl Store {
 }
 
 /// The one way a row enters the queue (spill, persist, redrive); an id already queued is kept.
-const INSERT_EVENT: &str = "INSERT OR IGNORE INTO events (seq, ts, event_id, body, accepted, sends, unanswered)
+const INSERT_EVENT: &str =
+    "INSERT OR IGNORE INTO events (seq, ts, event_id, body, accepted, sends, unanswered)
      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)";
 
 fn evict_oldest(tx: &Transaction<'_>, want: u64, leased: &[u64]) -> Result<u64> {

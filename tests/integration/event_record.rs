@@ -235,7 +235,12 @@ fn event_that_never_gets_an_answer_is_quarantined_as_max_sends() {
         .iter()
         .map(|r| (r.attempt, r.outcome.clone()))
         .collect();
-    assert_eq!(collector.request_count(), 2, "{first:?} {:?}", spool.stats());
+    assert_eq!(
+        collector.request_count(),
+        2,
+        "{first:?} {:?}",
+        spool.stats()
+    );
     spool.shutdown(Duration::from_secs(10)).unwrap();
     drop(spool);
 
@@ -272,7 +277,11 @@ fn event_that_never_gets_an_answer_is_quarantined_as_max_sends() {
     eprintln!("max_sends: {} requests, sizes {sizes:?}", requests.len());
     let whole = requests.iter().filter(|r| r.event_ids.len() == 5).count();
     assert_eq!(whole, 10, "attempts {attempts:?}");
-    assert_eq!(requests[2].attempt, Some(3), "the count survived the reopen");
+    assert_eq!(
+        requests[2].attempt,
+        Some(3),
+        "the count survived the reopen"
+    );
     assert!(!collector.contains(&poison));
     assert!(stats.balances(), "{stats:?}");
 }
@@ -365,7 +374,9 @@ fn attempt_header_counts_resends_after_dismiss_and_resume() {
     spool.dismiss();
     wait_state(&spool, "idle", |s| matches!(s, DeliveryState::Idle));
     spool.flush();
-    wait_state(&spool, "paused", |s| matches!(s, DeliveryState::Paused { .. }));
+    wait_state(&spool, "paused", |s| {
+        matches!(s, DeliveryState::Paused { .. })
+    });
     spool.resume();
     assert!(spool.wait_drained(WAIT), "{}", spool.state());
     let attempts: Vec<Option<u32>> = collector.requests().iter().map(|r| r.attempt).collect();

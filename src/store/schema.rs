@@ -223,4 +223,48 @@ mod tests {
         assert_eq!(inspect(&conn).unwrap().unwrap(), SCHEMA_VERSION);
         migrate(&mut conn, SCHEMA_VERSION, 0).unwrap();
     }
+
+    /// The same file through the store's opener: the queued event comes out for sending with
+    /// its id and body, young (accepted at the upgrade) and never sent.
+    #[test]
+    fn a_version_1_store_opens_and_its_events_come_out_for_sending() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v1.db");
+        {
+            let conn = Connection::open(&path).unwrap();
+            conn.execute_batch(MIGRATIONS[0]).unwrap();
+            conn.pragma_update(None, "user_version", 1).unwrap();
+            conn.execute(
+                "INSERT INTO events (seq, ts, event_id, body)
+                 VALUES (3, 1000, '0193a0b2-7c4e-7000-8000-000000000001', '{\"name\":\"a\"}')",
+                [],
+            )
+            .unwrap();
+        }
+        let opened = crate::store::Store::open(&path, 1 << 20, 5_000).unwrap();
+        assert!(
+            opened.recovered.is_none(),
+            "a v1 file is ours, not moved aside"
+        );
+        let store = opened.store;
+        assert_eq!(store.len(), 1);
+        let events = store.oldest(10).unwrap();
+        assert_eq!(events.len(), 1);
+        let e = &events[0];
+        assert_eq!(
+            (e.seq, e.ts_ms, e.id.to_string().as_str(), &*e.json),
+            (
+                3,
+                1000,
+                "0193a0b2-7c4e-7000-8000-000000000001",
+                r#"{"name":"a"}"#
+            )
+        );
+        assert_eq!((e.accepted_ms, e.sends, e.unanswered), (5_000, 0, 0));
+        assert_eq!(
+            store.expire(4_999).unwrap().len(),
+            0,
+            "not expired by its old ts"
+        );
+    }
 }

@@ -382,3 +382,33 @@ fn attempt_header_counts_resends_after_dismiss_and_resume() {
     let attempts: Vec<Option<u32>> = collector.requests().iter().map(|r| r.attempt).collect();
     assert_eq!(attempts, [Some(1), Some(2), Some(3), Some(4)]);
 }
+
+/// A refused connection sent nothing: it neither counts as a send nor as one without an answer,
+/// so the first request that reaches the collector says attempt 1.
+#[test]
+fn refused_connections_are_not_counted_as_sends() {
+    let collector = collector();
+    collector.set_outage(true).unwrap();
+    let mut cfg = config(&collector);
+    cfg.max_auto_attempts = 3;
+    cfg.max_event_sends = 1;
+    let spool = EventSpool::builder(cfg)
+        .clock(instant_clock())
+        .open()
+        .unwrap();
+    spool.track("e", json!({})).unwrap();
+    spool.flush();
+    wait_state(&spool, "budget spent on refused connections", |s| {
+        matches!(s, DeliveryState::WaitingForUser { .. })
+    });
+    collector.set_outage(false).unwrap();
+    spool.retry_now();
+    assert!(spool.wait_drained(WAIT), "{}", spool.state());
+    let attempts: Vec<Option<u32>> = collector.requests().iter().map(|r| r.attempt).collect();
+    assert_eq!(attempts, [Some(1)]);
+    assert_eq!(
+        spool.stats().quarantined,
+        0,
+        "refusals are not unanswered sends"
+    );
+}

@@ -381,17 +381,12 @@ impl Worker {
         left
     }
 
-    /// Names dropped events to the observers (the CLI prints each one).
+    /// Names dropped events to the observers (the CLI prints each one); `notice` logs it too.
     fn announce_dropped(&self, reason: DropReason, ids: impl Iterator<Item = String>) {
         let event_ids: Vec<String> = ids.collect();
         if event_ids.is_empty() {
             return;
         }
-        tracing::warn!(
-            events = event_ids.len(),
-            reason = reason.as_str(),
-            "events dropped"
-        );
         self.s.notice(Notice::EventsDropped {
             reason: reason.as_str().to_string(),
             event_ids,

@@ -129,7 +129,8 @@ impl StoreAdmin {
     /// spool (or `eventspool flush`) on this store delivers them. Returns how many.
     pub fn redrive(&self, selector: &Selector) -> Result<u64> {
         let mut next = self.store.next_seq()?;
-        self.store.redrive(selector, || {
+        let now_ms = chrono::Utc::now().timestamp_millis();
+        self.store.redrive(selector, now_ms, || {
             next += 1;
             next - 1
         })

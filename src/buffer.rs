@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::event::QueuedEvent;
+use crate::event::{EventId, QueuedEvent, SendNote};
 
 /// The spill queue holds at most `max(memory_capacity, SPILL_BACKLOG_MIN)` events. A burst faster
 /// than SQLite can commit (hundreds of thousands of events a second) is absorbed up to there;
@@ -206,20 +206,37 @@ impl MemoryBuffer {
             .collect()
     }
 
-    /// Drops events in memory (queued or waiting to spill) older than `cutoff_ms`; returns how
-    /// many.
-    pub fn expire(&mut self, cutoff_ms: i64) -> u64 {
-        let mut n = 0;
-        while let Some(entry) = self.queued.first_entry() {
-            if entry.key().0 >= cutoff_ms {
-                break;
+    /// Drops events in memory (queued or waiting to spill) accepted before `cutoff_ms`; returns
+    /// their ids. Acceptance is not the delivery order, so both queues are scanned; they are
+    /// bounded (`memory_capacity`, [`SPILL_BACKLOG_MIN`]), and the scan costs far less than the
+    /// batch it precedes.
+    pub fn expire(&mut self, cutoff_ms: i64) -> Vec<EventId> {
+        let mut gone = Vec::new();
+        let mut keep = |e: &QueuedEvent| {
+            let fresh = e.accepted_ms >= cutoff_ms;
+            if !fresh {
+                gone.push(e.id);
             }
-            entry.remove();
-            n += 1;
+            fresh
+        };
+        self.queued.retain(|_, e| keep(e));
+        self.spill.retain(|e| keep(e));
+        gone
+    }
+
+    /// Applies a send's bookkeeping to in-flight events; returns the seqs of those `persist()`
+    /// copied to the store meanwhile, whose rows need the same change.
+    pub fn note_sends(&mut self, seqs: &[u64], note: SendNote) -> Vec<u64> {
+        let mut persisted = Vec::new();
+        for seq in seqs {
+            if let Some((event, copied)) = self.in_flight.get_mut(seq) {
+                note.apply(event);
+                if *copied {
+                    persisted.push(*seq);
+                }
+            }
         }
-        let before = self.spill.len();
-        self.spill.retain(|e| e.ts_ms >= cutoff_ms);
-        n + (before - self.spill.len()) as u64
+        persisted
     }
 
     /// Empties the queue and spill (opt-out purge); returns how many were removed.
@@ -244,7 +261,6 @@ impl MemoryBuffer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::EventId;
 
     fn ev(ts: i64, seq: u64) -> QueuedEvent {
         QueuedEvent {
@@ -252,6 +268,9 @@ mod tests {
             seq,
             id: EventId::new(),
             json: "{}".into(),
+            accepted_ms: ts,
+            sends: 0,
+            unanswered: 0,
         }
     }
 
@@ -302,7 +321,7 @@ mod tests {
         // A released event returns to the queue; expiry reaches the spill queue too: (1,3) and
         // (8,6) queued, (5,1) waiting to spill; the in-flight (7,4) is not touched.
         b.release(&[3]);
-        assert_eq!(b.expire(9), 3);
+        assert_eq!(b.expire(9).len(), 3);
         let left: Vec<_> = b.peek(10, true).map(QueuedEvent::key).collect();
         assert_eq!(left, [(9, 2)]);
         assert_eq!(b.len(), 2, "(9,2) and the in-flight (7,4)");
@@ -342,7 +361,7 @@ mod tests {
         for i in 0..5 {
             b.push(ev(i * 10, i as u64), 10, true);
         }
-        assert_eq!(b.expire(25), 3);
+        assert_eq!(b.expire(25).len(), 3);
         assert_eq!(b.queued_len(), 2);
     }
 }

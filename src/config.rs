@@ -58,6 +58,10 @@ pub struct Config {
     pub attempt_timeout_ms: u64,
     pub retry_after_cap_ms: u64,
     pub max_event_age_ms: u64,
+    /// Requests without an answer (timeout, connection dropped) an event may ride before it is
+    /// isolated and quarantined as `max_sends`: it ends the "retried for ever" of an event the
+    /// collector crashes on, while a flaky network rarely reaches it.
+    pub max_event_sends: u32,
     pub quarantine_max_events: u64,
     pub quarantine_retention_ms: u64,
     pub compression: Compression,
@@ -85,6 +89,7 @@ pub const CONFIG_NAMES: &[&str] = &[
     "attempt_timeout_ms",
     "retry_after_cap_ms",
     "max_event_age_ms",
+    "max_event_sends",
     "quarantine_max_events",
     "quarantine_retention_ms",
     "compression",
@@ -117,6 +122,7 @@ impl Config {
             attempt_timeout_ms: 10 * SECOND_MS,
             retry_after_cap_ms: 300 * SECOND_MS,
             max_event_age_ms: 7 * DAY_MS,
+            max_event_sends: 10,
             quarantine_max_events: 10_000,
             quarantine_retention_ms: 30 * DAY_MS,
             compression: Compression::Gzip,
@@ -150,6 +156,10 @@ impl Config {
             "attempt_timeout_ms" => self.attempt_timeout_ms = number()?,
             "retry_after_cap_ms" => self.retry_after_cap_ms = number()?,
             "max_event_age_ms" => self.max_event_age_ms = number()?,
+            "max_event_sends" => {
+                self.max_event_sends = u32::try_from(number()?)
+                    .map_err(|_| ConfigError::new(name, format!("{value} is too large")))?
+            }
             "quarantine_max_events" => self.quarantine_max_events = number()?,
             "quarantine_retention_ms" => self.quarantine_retention_ms = number()?,
             "compression" => {
@@ -216,6 +226,7 @@ impl Config {
             ("max_retry_elapsed_ms", self.max_retry_elapsed_ms),
             ("attempt_timeout_ms", self.attempt_timeout_ms),
             ("max_event_age_ms", self.max_event_age_ms),
+            ("max_event_sends", u64::from(self.max_event_sends)),
             ("quarantine_max_events", self.quarantine_max_events),
             ("quarantine_retention_ms", self.quarantine_retention_ms),
         ] {
@@ -324,6 +335,7 @@ mod tests {
         assert_eq!(c.memory_capacity, 1000);
         assert_eq!(c.max_disk_bytes, 10 * 1024 * 1024);
         assert_eq!(c.max_event_age_ms, 7 * 24 * 3600 * 1000);
+        assert_eq!(c.max_event_sends, 10);
         assert_eq!(c.compression, Compression::Gzip);
     }
 
@@ -342,7 +354,7 @@ mod tests {
             };
             c.set(name, value).unwrap_or_else(|e| panic!("{name}: {e}"));
         }
-        assert_eq!(c.max_auto_attempts, 7);
+        assert_eq!((c.max_auto_attempts, c.max_event_sends), (7, 7));
     }
 
     #[test]

@@ -117,6 +117,15 @@ pub struct QueuedEvent {
     pub id: EventId,
     /// The event's JSON object exactly as it goes on the wire.
     pub json: Box<str>,
+    /// Wall clock (ms since the epoch) when the SDK accepted it: its `track()` or its redrive.
+    /// `max_event_age_ms` counts from here, never from `ts_ms`, which the caller may set to any
+    /// past time (importers).
+    pub accepted_ms: i64,
+    /// Requests that carried this event so far; `X-Eventspool-Attempt` is derived from it.
+    pub sends: u32,
+    /// Of those, the ones that got no answer (timeout, connection dropped): the effect is
+    /// unknown. Past `max_event_sends` the event is isolated and quarantined (`max_sends`).
+    pub unanswered: u32,
 }
 
 impl QueuedEvent {
@@ -130,6 +139,38 @@ impl QueuedEvent {
     }
 }
 
+/// A change to an event's send counts ([`QueuedEvent::sends`], [`QueuedEvent::unanswered`]).
+/// A send is counted as unanswered before the request goes out, so an app killed mid-request
+/// still counts it; the answer, or a connection that was refused before anything was sent,
+/// takes that back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SendNote {
+    /// A request carrying the event is about to go out.
+    Sending,
+    /// An HTTP answer (any status) came back for it.
+    Answered,
+    /// The connection was refused or TLS failed: the request never went out.
+    NotSent,
+}
+
+impl SendNote {
+    /// The change to `(sends, unanswered)`.
+    pub fn deltas(self) -> (i64, i64) {
+        match self {
+            SendNote::Sending => (1, 1),
+            SendNote::Answered => (0, -1),
+            SendNote::NotSent => (-1, -1),
+        }
+    }
+
+    pub fn apply(self, event: &mut QueuedEvent) {
+        let (sends, unanswered) = self.deltas();
+        let add = |n: u32, d: i64| (i64::from(n) + d).clamp(0, i64::from(u32::MAX)) as u32;
+        event.sends = add(event.sends, sends);
+        event.unanswered = add(event.unanswered, unanswered);
+    }
+}
+
 #[derive(Serialize)]
 struct WireEvent<'a> {
     event_id: &'a str,
@@ -140,7 +181,8 @@ struct WireEvent<'a> {
     properties: &'a Map<String, Value>,
 }
 
-/// Validates an event and renders its wire form; `now_ms` is the wall clock for a missing timestamp.
+/// Validates an event and renders its wire form; `now_ms` is the wall clock, the event's
+/// acceptance time and its timestamp when the caller gave none.
 pub fn prepare(
     event: &NewEvent,
     now_ms: i64,
@@ -199,6 +241,9 @@ pub fn prepare(
         seq,
         id,
         json: json.into_boxed_str(),
+        accepted_ms: now_ms,
+        sends: 0,
+        unanswered: 0,
     })
 }
 

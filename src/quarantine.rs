@@ -15,6 +15,9 @@ pub mod reason {
     pub const BAD_REQUEST: &str = "bad_request";
     /// 413 for a batch holding only this event.
     pub const TOO_LARGE: &str = "too_large";
+    /// No answer (timeout, connection dropped) for this event alone after `max_event_sends`
+    /// requests carried it, while the collector answered requests without it.
+    pub const MAX_SENDS: &str = "max_sends";
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -31,6 +34,9 @@ pub struct QuarantinedEvent {
     pub attempts: u32,
     pub first_failed_ms: i64,
     pub last_failed_ms: i64,
+    /// Requests that carried the event before it came here; kept through a redrive so the
+    /// collector still sees a resend (`X-Eventspool-Attempt`).
+    pub sends: u32,
 }
 
 impl QuarantinedEvent {
@@ -52,6 +58,7 @@ impl QuarantinedEvent {
             attempts,
             first_failed_ms: now_ms,
             last_failed_ms: now_ms,
+            sends: event.sends,
         }
     }
 }
@@ -116,6 +123,7 @@ impl MemoryQuarantine {
             {
                 event.first_failed_ms = old.first_failed_ms;
                 event.attempts += old.attempts;
+                event.sends = event.sends.max(old.sends);
             }
             self.next += 1;
             self.entries.insert(self.next, event);

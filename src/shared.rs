@@ -10,7 +10,7 @@ use crate::buffer::MemoryBuffer;
 use crate::clock::Clock;
 use crate::config::{Config, Durability};
 use crate::error::Result;
-use crate::event::QueuedEvent;
+use crate::event::{QueuedEvent, SendNote};
 use crate::quarantine::{MemoryQuarantine, QuarantinedEvent};
 use crate::state::{DeliveryObserver, DeliveryState, DeliveryStatus, Notice};
 use crate::stats::{Counters, DropReason};
@@ -296,6 +296,31 @@ impl Shared {
         self.buffer.lock().release(&memory);
         if let Some(store) = &self.store {
             store.release(&on_disk);
+        }
+    }
+
+    /// Records a send's bookkeeping for a batch's events where each one lives: the in-flight copy
+    /// in memory (and its row, when `persist()` copied it there) or its row in the store.
+    pub fn note_sends(&self, events: &[(QueuedEvent, bool)], note: SendNote) -> Result<()> {
+        let _guard = self.spill_lock.lock();
+        let (memory, mut on_disk) = seqs_by_origin(events);
+        on_disk.extend(self.buffer.lock().note_sends(&memory, note));
+        match &self.store {
+            Some(store) => store.note_sends(&on_disk, note),
+            None => Ok(()),
+        }
+    }
+
+    /// Takes events of a batch out of the queue because they expired before they could be sent
+    /// (again); counts them `expired`.
+    pub fn drop_expired(&self, events: &[(QueuedEvent, bool)]) -> Result<()> {
+        let _guard = self.spill_lock.lock();
+        let (memory, mut on_disk) = seqs_by_origin(events);
+        on_disk.extend(self.buffer.lock().acknowledge(&memory));
+        self.counters.drop(DropReason::Expired, events.len() as u64);
+        match &self.store {
+            Some(store) if !on_disk.is_empty() => store.delete_expired(&on_disk).map(|_| ()),
+            _ => Ok(()),
         }
     }
 

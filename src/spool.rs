@@ -562,7 +562,7 @@ impl EventSpool {
         let n = match &s.store {
             Some(store) => {
                 let _guard = s.spill_lock.lock();
-                store.redrive(selector, || s.next_seq())?
+                store.redrive(selector, s.clock.wall_ms(), || s.next_seq())?
             }
             None => {
                 let taken = lock(&s.memory_quarantine).take(selector);
@@ -576,6 +576,10 @@ impl EventSpool {
                         seq: s.next_seq(),
                         id,
                         json: q.body.into_boxed_str(),
+                        // A new acceptance with a fresh send budget (see `Store::redrive`).
+                        accepted_ms: s.clock.wall_ms(),
+                        sends: q.sends,
+                        unanswered: 0,
                     };
                     let overflow =
                         s.buffer

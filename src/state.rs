@@ -135,6 +135,13 @@ pub enum Notice {
     StoreUnavailable { reason: String },
     /// A background task panicked; delivery was restarted.
     InternalError { message: String },
+    /// These events left the queue without being delivered, for this reason (a
+    /// [`crate::DropReason`] name, e.g. `expired`); they are counted under it in the stats too.
+    /// Sent after the fact, once per batch of drops, so a tool can name each event it lost.
+    EventsDropped {
+        reason: String,
+        event_ids: Vec<String>,
+    },
 }
 
 /// Told about every transition and, while a retry is scheduled, once a second with the

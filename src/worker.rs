@@ -9,11 +9,11 @@ use std::time::{Duration, SystemTime};
 
 use crate::classify::{Failure, Outcome, classify};
 use crate::config::{BATCH_OVERHEAD_BYTES, Compression, Durability};
-use crate::event::QueuedEvent;
+use crate::event::{QueuedEvent, SendNote};
 use crate::quarantine::{QuarantinedEvent, reason};
 use crate::retry::{AfterFailure, Episode, after_failure, next_delay_ms};
 use crate::shared::{Control, Shared, lock, seqs_by_origin};
-use crate::state::{DeliveryState, PauseReason};
+use crate::state::{DeliveryState, Notice, PauseReason};
 use crate::stats::DropReason;
 use crate::transport::{HttpRequest, TransportError};
 use crate::wire;
@@ -43,7 +43,8 @@ enum Mode {
 }
 
 /// A batch being delivered: its events (each with whether it came from the store) and how many
-/// times it was sent, for `X-Eventspool-Attempt`.
+/// times this batch was sent (the quarantine records it; `X-Eventspool-Attempt` is derived from
+/// the events' own send counts, which outlive a batch).
 struct Batch {
     events: Vec<(QueuedEvent, bool)>,
     attempts: u32,
@@ -65,6 +66,14 @@ struct Worker {
     /// A pause outlives going offline and back: only `resume()` or new credentials end it, so a
     /// reconnect does not spend a request on an endpoint already known to refuse.
     pause: Option<(PauseReason, Failure)>,
+    /// HTTP answers (any status) received so far: an isolation compares it with its mark.
+    answers: u64,
+    /// While events past `max_event_sends` are being isolated: `answers` when it began (or when
+    /// a probe was last scheduled). An answer since then shows the collector is alive, so an
+    /// event that alone still gets none is the cause.
+    isolation: Option<u64>,
+    /// The last request got no answer at all (timeout, connection dropped): effect unknown.
+    last_send_unanswered: bool,
 }
 
 pub async fn run(shared: Arc<Shared>) {
@@ -77,6 +86,9 @@ pub async fn run(shared: Arc<Shared>) {
         manual_attempt: false,
         last_send_ms: None,
         pause: None,
+        answers: 0,
+        isolation: None,
+        last_send_unanswered: false,
         s: shared,
     };
     worker.recover_leases();
@@ -277,6 +289,8 @@ impl Worker {
             }
         }
         if self.work.is_empty() {
+            self.isolation = None;
+            self.expire_queue();
             match self.assemble() {
                 Some(batch) => self.work.push_back(batch),
                 None => {
@@ -286,13 +300,110 @@ impl Worker {
                 }
             }
         }
+        if !self.drop_expired_from_front() {
+            return;
+        }
         self.s.publish(DeliveryState::Sending, None);
         let Some(result) = self.send_front().await else {
             return;
         };
         self.last_send_ms = Some(self.s.clock.now_ms());
+        let note = match &result {
+            Ok(_) => Some(SendNote::Answered),
+            Err(TransportError::Connect(_) | TransportError::Tls(_)) => Some(SendNote::NotSent),
+            Err(TransportError::Timeout | TransportError::Io(_)) => None,
+        };
+        self.last_send_unanswered = note.is_none();
+        self.answers += u64::from(result.is_ok());
         let outcome = classify(&result, SystemTime::now());
+        // Events that leave the queue now need no bookkeeping; the others keep what we learned.
+        if let Some(note) = note
+            && !matches!(outcome, Outcome::Delivered | Outcome::Partial { .. })
+        {
+            self.note_front(note);
+        }
         self.handle(outcome);
+    }
+
+    /// The oldest acceptance an event may have to be sent now (`max_event_age_ms`).
+    fn age_cutoff(&self) -> i64 {
+        self.s
+            .clock
+            .wall_ms()
+            .saturating_sub(self.s.config.max_event_age_ms as i64)
+    }
+
+    /// Drops every queued event, in memory and in the store, accepted longer than
+    /// `max_event_age_ms` ago (the batch in flight is checked by [`Worker::drop_expired_from_front`]).
+    fn expire_queue(&mut self) {
+        let s = &self.s;
+        let cutoff = self.age_cutoff();
+        let mut gone = s.buffer.lock().expire(cutoff);
+        s.counters.drop(DropReason::Expired, gone.len() as u64);
+        if let Some(store) = &s.store {
+            match store.expire(cutoff) {
+                Ok(ids) => {
+                    s.counters.drop(DropReason::Expired, ids.len() as u64);
+                    gone.extend(ids);
+                }
+                Err(e) => tracing::warn!(error = %e, "expiring stored events failed"),
+            }
+        }
+        self.announce_dropped(DropReason::Expired, gone.iter().map(|id| id.to_string()));
+    }
+
+    /// The age limit holds before every send, retries included: events of the front batch that
+    /// expired while it waited (retry, `WaitingForUser`) leave as `expired`, never sent. Returns
+    /// whether anything is left to send.
+    fn drop_expired_from_front(&mut self) -> bool {
+        let cutoff = self.age_cutoff();
+        let Some(batch) = self.work.front_mut() else {
+            return false;
+        };
+        if batch.events.iter().all(|(e, _)| e.accepted_ms >= cutoff) {
+            return true;
+        }
+        let (expired, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut batch.events)
+            .into_iter()
+            .partition(|(e, _)| e.accepted_ms < cutoff);
+        batch.events = keep;
+        let left = !batch.events.is_empty();
+        if !left {
+            self.work.pop_front();
+        }
+        if let Err(e) = self.s.drop_expired(&expired) {
+            tracing::error!(error = %e, "could not delete expired events from the store");
+        }
+        self.announce_dropped(
+            DropReason::Expired,
+            expired.iter().map(|(e, _)| e.id.to_string()),
+        );
+        left
+    }
+
+    /// Names dropped events to the observers (the CLI prints each one); `notice` logs it too.
+    fn announce_dropped(&self, reason: DropReason, ids: impl Iterator<Item = String>) {
+        let event_ids: Vec<String> = ids.collect();
+        if event_ids.is_empty() {
+            return;
+        }
+        self.s.notice(Notice::EventsDropped {
+            reason: reason.as_str().to_string(),
+            event_ids,
+        });
+    }
+
+    /// Applies a send's bookkeeping to the front batch: its copies here and the queue's records.
+    fn note_front(&mut self, note: SendNote) {
+        let Some(batch) = self.work.front_mut() else {
+            return;
+        };
+        for (event, _) in &mut batch.events {
+            note.apply(event);
+        }
+        if let Err(e) = self.s.note_sends(&batch.events, note) {
+            tracing::warn!(error = %e, "could not record the send counts");
+        }
     }
 
     /// Takes the next batch in delivery order from memory and store together.
@@ -307,33 +418,12 @@ impl Worker {
         if always && let Err(e) = s.spill_locked() {
             tracing::warn!(error = %e, "spill before batch failed; sending what is stored");
         }
-        let cutoff = s
-            .clock
-            .wall_ms()
-            .saturating_sub(s.config.max_event_age_ms as i64);
-        let expired_memory = s.buffer.lock().expire(cutoff);
-        s.counters.drop(DropReason::Expired, expired_memory);
         let limit = s.config.max_batch_events as usize;
         let from_store = match &s.store {
-            Some(store) => {
-                let read = || {
-                    store.oldest(limit).unwrap_or_else(|e| {
-                        tracing::warn!(error = %e, "reading the store failed; sending from memory");
-                        Vec::new()
-                    })
-                };
-                let mut oldest = read();
-                // The rows come in timestamp order, so only a stale first row means work for
-                // the expiry pass (which costs a write transaction).
-                if oldest.first().is_some_and(|e| e.ts_ms < cutoff) {
-                    match store.expire(cutoff) {
-                        Ok(n) => s.counters.drop(DropReason::Expired, n),
-                        Err(e) => tracing::warn!(error = %e, "expiring stored events failed"),
-                    }
-                    oldest = read();
-                }
-                oldest
-            }
+            Some(store) => store.oldest(limit).unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "reading the store failed; sending from memory");
+                Vec::new()
+            }),
             None => Vec::new(),
         };
         let mut buffer = s.buffer.lock();
@@ -391,6 +481,16 @@ impl Worker {
         let s = self.s.clone();
         let batch = self.work.front_mut()?;
         batch.attempts += 1;
+        // Sends of any of its events before this one, plus one: a collector tells a resend from a
+        // first send whatever happened in between (reconnect, dismiss, restart, a split).
+        let attempt = batch.events.iter().map(|(e, _)| e.sends).max().unwrap_or(0) + 1;
+        // Counted before the request goes out, so a crash while it is in flight counts too.
+        for (event, _) in &mut batch.events {
+            SendNote::Sending.apply(event);
+        }
+        if let Err(e) = s.note_sends(&batch.events, SendNote::Sending) {
+            tracing::warn!(error = %e, "could not record the send counts");
+        }
         let mut body = wire::batch_body(
             batch.events.iter().map(|(e, _)| &*e.json),
             s.clock.wall_ms(),
@@ -398,10 +498,7 @@ impl Worker {
         let mut headers = vec![
             ("Content-Type".to_string(), "application/json".to_string()),
             ("User-Agent".to_string(), USER_AGENT.to_string()),
-            (
-                "X-Eventspool-Attempt".to_string(),
-                batch.attempts.to_string(),
-            ),
+            ("X-Eventspool-Attempt".to_string(), attempt.to_string()),
         ];
         if s.config.compression == Compression::Gzip && body.len() > wire::GZIP_THRESHOLD_BYTES {
             body = wire::gzip(&body);
@@ -485,12 +582,65 @@ impl Worker {
                 failure,
                 retry_after_ms,
             } => {
-                self.work.push_front(batch);
-                self.transient(failure, retry_after_ms);
+                if let Some(batch) = self.isolate_unanswered(batch, &failure) {
+                    self.work.push_front(batch);
+                    self.transient(failure, retry_after_ms);
+                }
             }
             Outcome::Auth { failure } => self.pause(batch, PauseReason::Auth, failure),
             Outcome::Config { failure } => self.pause(batch, PauseReason::Config, failure),
         }
+    }
+
+    /// `max_event_sends` (DESIGN §4): a request that got no answer, carrying an event that has
+    /// now gone unanswered that many times, is bisected like a 400 (no backoff) until the event
+    /// is alone. Alone and still unanswered, it is quarantined as `max_sends` when the collector
+    /// answered some other request since the isolation began; otherwise the collector may just be
+    /// down, so the next batch goes first as a probe (after the usual backoff) and the event
+    /// waits behind it. Returns the batch when its failure is an ordinary transient one.
+    fn isolate_unanswered(&mut self, batch: Batch, failure: &Failure) -> Option<Batch> {
+        let limit = self.s.config.max_event_sends;
+        if !self.last_send_unanswered || !batch.events.iter().any(|(e, _)| e.unanswered >= limit) {
+            return Some(batch);
+        }
+        if batch.events.len() > 1 {
+            self.isolation.get_or_insert(self.answers);
+            let mut left = batch.events;
+            let right = left.split_off(left.len() / 2);
+            self.work.push_front(Batch {
+                events: right,
+                attempts: 0,
+            });
+            self.work.push_front(Batch {
+                events: left,
+                attempts: 0,
+            });
+            return None;
+        }
+        if self.isolation.is_some_and(|mark| self.answers > mark) {
+            let sends = batch.events.first().map_or(0, |(e, _)| e.unanswered);
+            let detail = format!("no answer to {sends} requests carrying it; last: {failure}");
+            self.quarantine(
+                batch.events,
+                reason::MAX_SENDS,
+                detail,
+                None,
+                batch.attempts,
+            );
+            return None;
+        }
+        self.isolation = Some(self.answers);
+        if self.work.is_empty()
+            && let Some(probe) = self.assemble()
+        {
+            self.work.push_back(probe);
+        }
+        if self.work.is_empty() {
+            return Some(batch);
+        }
+        self.work.insert(1, batch);
+        self.transient(failure.clone(), None);
+        None
     }
 
     fn delivered(&mut self, events: Vec<(QueuedEvent, bool)>) {

@@ -217,7 +217,19 @@ pub(super) async fn handle(
             tokio::time::sleep(d).await;
             Ok(by_behavior(&shared, &mut pending, &parts.headers, body).await)
         }
+        None if carries_name(&body, shared.behavior().drop_name.as_deref()) => {
+            pending.finish(None, "dropped");
+            Err(DropConnection)
+        }
         None => Ok(by_behavior(&shared, &mut pending, &parts.headers, body).await),
+    }
+}
+
+/// Whether the batch holds an event with this name (see [`Behavior::drop_name`]).
+fn carries_name(body: &Body, name: Option<&str>) -> bool {
+    match (body, name) {
+        (Body::Batch(events), Some(name)) => events.iter().any(|e| e.name == name),
+        _ => false,
     }
 }
 

@@ -77,7 +77,8 @@ impl Default for CollectorConfig {
 
 /// Standing misbehaviour, applied to every request that no [`Scripted`] item claims.
 ///
-/// Checks run in this order: `required_api_key` (401), `max_body_bytes` (413), `fail_rate`
+/// `drop_name` is checked first (no answer at all). Then checks run in this order:
+/// `required_api_key` (401), `max_body_bytes` (413), `fail_rate`
 /// (503), body validity (400), `reject_name` (400), then the normal path with
 /// `partial_reject_name`. `delay` is waited before all of them.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -105,6 +106,10 @@ pub struct Behavior {
     /// without an answer (as [`Scripted::StoreThenDrop`]), drawn from the same seeded rng as
     /// `fail_rate`: soak tests use it for "the network died after the collector read it".
     pub drop_rate: f64,
+    /// Any batch containing an event with this name is neither stored nor answered: the
+    /// connection is closed as soon as the body is read. A collector that crashes (or times out)
+    /// on one event every time, an effect-unknown failure that only `max_event_sends` ends.
+    pub drop_name: Option<String>,
 }
 
 /// One-shot behaviour for the next request, queued with [`ReferenceCollector::push_script`].

@@ -150,6 +150,9 @@ pub struct SpoolConfig {
     pub retry_after_cap_ms: Option<u64>,
     #[uniffi(default)]
     pub max_event_age_ms: Option<u64>,
+    /// Sends without an answer before an event is quarantined as `max_sends` (default 10).
+    #[uniffi(default)]
+    pub max_event_sends: Option<u32>,
     #[uniffi(default)]
     pub quarantine_max_events: Option<u64>,
     #[uniffi(default)]
@@ -196,6 +199,9 @@ impl TryFrom<SpoolConfig> for Config {
         }
         if let Some(v) = r.max_auto_attempts {
             c.max_auto_attempts = v;
+        }
+        if let Some(v) = r.max_event_sends {
+            c.max_event_sends = v;
         }
         if let Some(v) = r.allow_insecure_http {
             c.allow_insecure_http = v;
@@ -495,6 +501,17 @@ mod tests {
             (c.flush_at, c.backoff_cap_ms, c.max_auto_attempts),
             (d.flush_at, d.backoff_cap_ms, d.max_auto_attempts)
         );
+    }
+
+    #[test]
+    fn max_event_sends_passes_through() {
+        let c = Config::try_from(SpoolConfig {
+            endpoint: "https://x.example/b".into(),
+            max_event_sends: Some(3),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(c.max_event_sends, 3);
     }
 
     #[test]

@@ -123,6 +123,11 @@ pub enum SpoolNotice {
     StoreUnavailable { reason: String },
     /// A background task panicked and was restarted; delivery goes on.
     InternalProblem { message: String },
+    /// These events were dropped (counted under `reason` in the stats), e.g. `expired`.
+    EventsDropped {
+        reason: String,
+        event_ids: Vec<String>,
+    },
 }
 
 impl From<&state::Notice> for SpoolNotice {
@@ -137,6 +142,10 @@ impl From<&state::Notice> for SpoolNotice {
             },
             state::Notice::InternalError { message } => SpoolNotice::InternalProblem {
                 message: message.clone(),
+            },
+            state::Notice::EventsDropped { reason, event_ids } => SpoolNotice::EventsDropped {
+                reason: reason.clone(),
+                event_ids: event_ids.clone(),
             },
         }
     }
@@ -218,7 +227,7 @@ pub struct QuarantinedEvent {
     pub ts_ms: i64,
     /// The event's wire JSON.
     pub body: String,
-    /// `rejected`, `bad_request` or `too_large`.
+    /// `rejected`, `bad_request`, `too_large` or `max_sends`.
     pub reason: String,
     /// The collector's words (at most 1 KiB).
     pub detail: String,

@@ -19,7 +19,7 @@ use rusqlite::{Connection, ErrorCode, Transaction, params};
 use uuid::Uuid;
 
 use crate::error::{Error, Result};
-use crate::event::{EventId, QueuedEvent};
+use crate::event::{EventId, QueuedEvent, SendNote};
 use crate::shared::lock;
 
 pub use quarantine_sql::QuarantineSql;
@@ -108,7 +108,7 @@ impl Store {
         let lock = acquire_lock(path)?;
         create_private(path)?;
         let budget = DiskBudget::new(max_disk_bytes);
-        match Store::connect(path, budget) {
+        match Store::connect(path, budget, wall_ms) {
             Ok(Ok((conn, rows, page_size))) => Ok(Opened {
                 store: Store::new(conn, path, budget, rows, page_size, lock),
                 recovered: None,
@@ -159,7 +159,7 @@ impl Store {
         }
         tracing::warn!(path = %path.display(), moved_to = %aside.display(), %reason, "store unusable, moved aside");
         create_private(path)?;
-        match Store::connect(path, budget) {
+        match Store::connect(path, budget, wall_ms) {
             Ok(Ok((conn, rows, page_size))) => Ok(Opened {
                 store: Store::new(conn, path, budget, rows, page_size, lock),
                 recovered: Some((aside, reason)),
@@ -173,6 +173,7 @@ impl Store {
     fn connect(
         path: &Path,
         budget: DiskBudget,
+        wall_ms: i64,
     ) -> rusqlite::Result<Result<(Connection, u64, u64), schema::Unusable>> {
         let mut conn = Connection::open(path)?;
         let version = match schema::inspect(&conn)? {
@@ -184,7 +185,7 @@ impl Store {
         let checkpoint_pages = (budget.wal_bytes / 2 / page_size.max(512)).max(8);
         schema::configure(&conn, budget.wal_bytes / 2, checkpoint_pages)?;
         // The owner lock is held, so nothing changed the file since `inspect` read it.
-        schema::migrate(&mut conn, version)?;
+        schema::migrate(&mut conn, version, wall_ms)?;
         let rows: i64 = conn.query_row("SELECT count(*) FROM events", [], |r| r.get(0))?;
         conn.query_row("SELECT count(*) FROM quarantine", [], |r| {
             r.get::<_, i64>(0)
@@ -253,8 +254,15 @@ impl Store {
                 let mut id_buf = Uuid::encode_buffer();
                 for e in &events[start..end] {
                     let id = e.id.0.hyphenated().encode_lower(&mut id_buf);
-                    report.inserted +=
-                        stmt.execute(params![e.seq as i64, e.ts_ms, &*id, &*e.json])? as u64;
+                    report.inserted += stmt.execute(params![
+                        e.seq as i64,
+                        e.ts_ms,
+                        &*id,
+                        &*e.json,
+                        e.accepted_ms,
+                        e.sends,
+                        e.unanswered
+                    ])? as u64;
                 }
             }
             let (evicted, evicted_quarantine) = self.enforce_cap(&tx, &leased)?;
@@ -325,7 +333,8 @@ impl Store {
         let leased = self.leased().clone();
         let conn = self.conn();
         let mut stmt = conn.prepare_cached(
-            "SELECT seq, ts, event_id, body FROM events ORDER BY ts, seq LIMIT ?1",
+            "SELECT seq, ts, event_id, body, accepted, sends, unanswered FROM events
+             ORDER BY ts, seq LIMIT ?1",
         )?;
         // Rows in flight, and rows whose id does not parse, are skipped before their body is
         // copied out.
@@ -342,6 +351,9 @@ impl Store {
                 seq,
                 id: EventId(id),
                 json: r.get::<_, String>(3)?.into_boxed_str(),
+                accepted_ms: r.get(4)?,
+                sends: r.get(5)?,
+                unanswered: r.get(6)?,
             }))
         })?;
         let mut out = Vec::with_capacity(limit);
@@ -388,31 +400,83 @@ impl Store {
         Ok(n)
     }
 
-    /// Deletes queued events older than `cutoff_ms` (never leased ones); returns how many.
-    pub fn expire(&self, cutoff_ms: i64) -> Result<u64> {
+    /// Deletes queued events accepted before `cutoff_ms` (never leased ones), counted
+    /// `expired`; returns their ids. With nothing to expire this is one indexed read.
+    pub fn expire(&self, cutoff_ms: i64) -> Result<Vec<EventId>> {
         let leased = self.leased().clone();
         let mut conn = self.conn();
         let tx = conn.transaction()?;
-        let seqs: Vec<i64> = {
+        let rows: Vec<(i64, String)> = {
             let mut stmt = tx.prepare_cached(
-                "SELECT seq FROM events WHERE ts < ?1 ORDER BY ts, seq LIMIT 10000",
+                "SELECT seq, event_id FROM events WHERE accepted < ?1 ORDER BY accepted LIMIT 10000",
             )?;
-            stmt.query_map([cutoff_ms], |r| r.get(0))?
+            stmt.query_map([cutoff_ms], |r| Ok((r.get(0)?, r.get(1)?)))?
                 .collect::<rusqlite::Result<_>>()?
         };
+        let mut gone = Vec::new();
+        {
+            let mut stmt = tx.prepare_cached("DELETE FROM events WHERE seq = ?1")?;
+            for (seq, id) in rows
+                .into_iter()
+                .filter(|(s, _)| !leased.contains(&(*s as u64)))
+            {
+                if stmt.execute([seq])? > 0
+                    && let Ok(id) = Uuid::try_parse(&id)
+                {
+                    gone.push(EventId(id));
+                }
+            }
+        }
+        let n = gone.len() as u64;
+        if n > 0 {
+            bump(&tx, counter::EXPIRED, n)?;
+        }
+        tx.commit()?;
+        self.forget_rows(n);
+        Ok(gone)
+    }
+
+    /// Deletes leased events of a batch that expired before it could be sent again, counted
+    /// `expired` like [`Store::expire`]; returns how many rows went.
+    pub fn delete_expired(&self, seqs: &[u64]) -> Result<u64> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
         let mut n = 0;
         {
             let mut stmt = tx.prepare_cached("DELETE FROM events WHERE seq = ?1")?;
-            for seq in seqs.into_iter().filter(|s| !leased.contains(&(*s as u64))) {
-                n += stmt.execute([seq])? as u64;
+            for seq in seqs {
+                n += stmt.execute([*seq as i64])? as u64;
             }
         }
         if n > 0 {
             bump(&tx, counter::EXPIRED, n)?;
         }
         tx.commit()?;
+        drop(conn);
+        self.release(seqs);
         self.forget_rows(n);
         Ok(n)
+    }
+
+    /// Applies a send's bookkeeping ([`SendNote`]) to these rows, in one transaction.
+    pub fn note_sends(&self, seqs: &[u64], note: SendNote) -> Result<()> {
+        if seqs.is_empty() {
+            return Ok(());
+        }
+        let (sends, unanswered) = note.deltas();
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        {
+            let mut stmt = tx.prepare_cached(
+                "UPDATE events SET sends = max(sends + ?2, 0), unanswered = max(unanswered + ?3, 0)
+                 WHERE seq = ?1",
+            )?;
+            for seq in seqs {
+                stmt.execute(params![*seq as i64, sends, unanswered])?;
+            }
+        }
+        tx.commit()?;
+        Ok(())
     }
 
     /// Deletes every queued event that is not in flight (opt-out); returns how many.
@@ -444,9 +508,12 @@ impl Store {
     }
 
     /// Moves selected quarantined events back into the queue with new seqs and the same ids.
+    /// A redrive is a new acceptance (`now_ms`, so the age limit starts again) with a fresh
+    /// `max_event_sends` budget; the sends so far are kept, so the collector still sees a resend.
     pub fn redrive(
         &self,
         selector: &crate::quarantine::Selector,
+        now_ms: i64,
         mut next_seq: impl FnMut() -> u64,
     ) -> Result<u64> {
         let n = self.with_quarantine(|q| {
@@ -454,7 +521,15 @@ impl Store {
             let mut stmt = q.tx().prepare_cached(INSERT_EVENT)?;
             let mut n = 0;
             for e in &taken {
-                n += stmt.execute(params![next_seq() as i64, e.ts_ms, e.event_id, e.body])? as u64;
+                n += stmt.execute(params![
+                    next_seq() as i64,
+                    e.ts_ms,
+                    e.event_id,
+                    e.body,
+                    now_ms,
+                    e.sends,
+                    0
+                ])? as u64;
             }
             Ok(n)
         })?;
@@ -465,7 +540,8 @@ impl Store {
 
 /// The one way a row enters the queue (spill, persist, redrive); an id already queued is kept.
 const INSERT_EVENT: &str =
-    "INSERT OR IGNORE INTO events (seq, ts, event_id, body) VALUES (?1, ?2, ?3, ?4)";
+    "INSERT OR IGNORE INTO events (seq, ts, event_id, body, accepted, sends, unanswered)
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)";
 
 fn evict_oldest(tx: &Transaction<'_>, want: u64, leased: &[u64]) -> Result<u64> {
     let seqs: Vec<i64> = {

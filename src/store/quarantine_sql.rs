@@ -13,7 +13,7 @@ pub struct QuarantineSql<'a> {
 }
 
 const COLUMNS: &str =
-    "event_id, ts, body, reason, detail, status, attempts, first_failed_ms, last_failed_ms";
+    "event_id, ts, body, reason, detail, status, attempts, first_failed_ms, last_failed_ms, sends";
 
 fn row_to_event(r: &Row<'_>) -> rusqlite::Result<QuarantinedEvent> {
     Ok(QuarantinedEvent {
@@ -26,6 +26,7 @@ fn row_to_event(r: &Row<'_>) -> rusqlite::Result<QuarantinedEvent> {
         attempts: r.get::<_, i64>(6)? as u32,
         first_failed_ms: r.get(7)?,
         last_failed_ms: r.get(8)?,
+        sends: r.get(9)?,
     })
 }
 
@@ -66,11 +67,12 @@ impl<'a> QuarantineSql<'a> {
         {
             let mut stmt = self.tx.prepare_cached(
                 "INSERT INTO quarantine (event_id, ts, body, reason, detail, status, attempts, first_failed_ms,
-                     last_failed_ms, quarantined_seq)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
+                     last_failed_ms, quarantined_seq, sends)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
                  ON CONFLICT(event_id) DO UPDATE SET reason = excluded.reason, detail = excluded.detail,
                      status = excluded.status, attempts = attempts + excluded.attempts,
-                     last_failed_ms = excluded.last_failed_ms, quarantined_seq = excluded.quarantined_seq",
+                     last_failed_ms = excluded.last_failed_ms, quarantined_seq = excluded.quarantined_seq,
+                     sends = max(sends, excluded.sends)",
             )?;
             for (i, e) in events.iter().enumerate() {
                 stmt.execute(params![
@@ -83,7 +85,8 @@ impl<'a> QuarantineSql<'a> {
                     e.attempts as i64,
                     e.first_failed_ms,
                     e.last_failed_ms,
-                    next + i as i64
+                    next + i as i64,
+                    e.sends
                 ])?;
             }
         }

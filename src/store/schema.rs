@@ -7,7 +7,11 @@
 use rusqlite::{Connection, OptionalExtension};
 
 /// The version this build writes.
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
+
+/// Stands, in a step, for the wall clock at the upgrade (ms since the epoch, UTC): [`migrate`]
+/// writes it in as an integer literal before the step runs.
+const UPGRADE_MS: &str = ":upgrade_ms";
 
 /// Upgrade steps: `MIGRATIONS[v]` takes a store from version `v` to `v + 1`.
 const MIGRATIONS: &[&str] = &[
@@ -23,7 +27,7 @@ const MIGRATIONS: &[&str] = &[
         event_id        TEXT PRIMARY KEY,
         ts              INTEGER NOT NULL,
         body            TEXT NOT NULL,
-        reason          TEXT NOT NULL,     -- rejected | bad_request | too_large
+        reason          TEXT NOT NULL,     -- rejected | bad_request | too_large (v2: max_sends)
         detail          TEXT NOT NULL,     -- the collector's words, at most 1 KiB of its body
         status          INTEGER,
         attempts        INTEGER NOT NULL,
@@ -37,6 +41,21 @@ const MIGRATIONS: &[&str] = &[
         name  TEXT PRIMARY KEY,            -- dropped.disk_cap, dropped.quarantine_cap, ...
         value INTEGER NOT NULL
     );",
+    // 1 → 2: the per-event record. Age is counted from acceptance, not from the event's own
+    // timestamp (an importer's old timestamps must not expire at once), and each event counts the
+    // requests that carried it (`X-Eventspool-Attempt`, `max_event_sends`). Version 1 did not
+    // record acceptance: its rows get the upgrade time, so an upgrade never expires an event.
+    "ALTER TABLE events ADD COLUMN accepted INTEGER NOT NULL DEFAULT 0;  -- ms, track() or redrive
+    ALTER TABLE events ADD COLUMN sends INTEGER NOT NULL DEFAULT 0;     -- requests that carried it
+    -- Of those, the ones no answer came back for: counted before the request goes out, taken
+    -- back when an answer (any HTTP status) or a refused connection shows it had an effect or
+    -- none, so a crash mid-request counts as unanswered.
+    ALTER TABLE events ADD COLUMN unanswered INTEGER NOT NULL DEFAULT 0;
+    UPDATE events SET accepted = :upgrade_ms;
+    CREATE INDEX events_by_acceptance ON events(accepted);
+    -- Kept so a redriven event still tells the collector it was sent before; reason gains
+    -- max_sends (no answer after max_event_sends requests).
+    ALTER TABLE quarantine ADD COLUMN sends INTEGER NOT NULL DEFAULT 0;",
 ];
 
 /// Why an existing file cannot be used as a store.
@@ -109,13 +128,143 @@ pub fn inspect(conn: &Connection) -> Result<Result<i64, Unusable>, rusqlite::Err
     Ok(Ok(version))
 }
 
-/// Brings the schema from `version` (what [`inspect`] found) to [`SCHEMA_VERSION`].
-pub fn migrate(conn: &mut Connection, version: i64) -> rusqlite::Result<()> {
+/// Brings the schema from `version` (what [`inspect`] found) to [`SCHEMA_VERSION`]; `wall_ms` is
+/// the time of the upgrade.
+pub fn migrate(conn: &mut Connection, version: i64, wall_ms: i64) -> rusqlite::Result<()> {
     for (from, step) in MIGRATIONS.iter().enumerate().skip(version as usize) {
         let tx = conn.transaction()?;
-        tx.execute_batch(step)?;
+        tx.execute_batch(&step.replace(UPGRADE_MS, &wall_ms.to_string()))?;
         tx.pragma_update(None, "user_version", from as i64 + 1)?;
         tx.commit()?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A file as version 1 wrote it (its SQL, its `user_version`), with one queued and one
+    /// quarantined event.
+    fn v1_file(path: &std::path::Path) {
+        let conn = Connection::open(path).unwrap();
+        conn.execute_batch(MIGRATIONS[0]).unwrap();
+        conn.pragma_update(None, "user_version", 1).unwrap();
+        conn.execute(
+            "INSERT INTO events (seq, ts, event_id, body) VALUES (7, 1000, 'id-1', '{\"a\":1}')",
+            [],
+        )
+        .unwrap();
+        conn.execute(
+            "INSERT INTO quarantine (event_id, ts, body, reason, detail, status, attempts,
+                 first_failed_ms, last_failed_ms, quarantined_seq)
+             VALUES ('id-2', 2000, '{}', 'rejected', 'no', 200, 1, 5, 5, 1)",
+            [],
+        )
+        .unwrap();
+        conn.execute("INSERT INTO counters VALUES ('dropped.disk_cap', 3)", [])
+            .unwrap();
+    }
+
+    #[test]
+    fn a_version_1_store_is_upgraded_in_place_and_keeps_its_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v1.db");
+        v1_file(&path);
+        let mut conn = Connection::open(&path).unwrap();
+        let version = inspect(&conn).unwrap().unwrap();
+        assert_eq!(version, 1);
+        migrate(&mut conn, version, 1_764_417_600_000).unwrap();
+        let v: i64 = conn
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .unwrap();
+        assert_eq!(v, SCHEMA_VERSION);
+        let row: (i64, i64, String, String, i64, i64, i64) = conn
+            .query_row(
+                "SELECT seq, ts, event_id, body, accepted, sends, unanswered FROM events",
+                [],
+                |r| {
+                    Ok((
+                        r.get(0)?,
+                        r.get(1)?,
+                        r.get(2)?,
+                        r.get(3)?,
+                        r.get(4)?,
+                        r.get(5)?,
+                        r.get(6)?,
+                    ))
+                },
+            )
+            .unwrap();
+        assert_eq!(
+            row,
+            (
+                7,
+                1000,
+                "id-1".into(),
+                r#"{"a":1}"#.into(),
+                1_764_417_600_000,
+                0,
+                0
+            ),
+            "the row survives; its acceptance is the upgrade time"
+        );
+        let q: (String, String, i64) = conn
+            .query_row("SELECT event_id, reason, sends FROM quarantine", [], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+            })
+            .unwrap();
+        assert_eq!(q, ("id-2".into(), "rejected".into(), 0));
+        let n: i64 = conn
+            .query_row("SELECT value FROM counters", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(n, 3);
+        // A second open finds nothing to do.
+        assert_eq!(inspect(&conn).unwrap().unwrap(), SCHEMA_VERSION);
+        migrate(&mut conn, SCHEMA_VERSION, 0).unwrap();
+    }
+
+    /// The same file through the store's opener: the queued event comes out for sending with
+    /// its id and body, young (accepted at the upgrade) and never sent.
+    #[test]
+    fn a_version_1_store_opens_and_its_events_come_out_for_sending() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v1.db");
+        {
+            let conn = Connection::open(&path).unwrap();
+            conn.execute_batch(MIGRATIONS[0]).unwrap();
+            conn.pragma_update(None, "user_version", 1).unwrap();
+            conn.execute(
+                "INSERT INTO events (seq, ts, event_id, body)
+                 VALUES (3, 1000, '0193a0b2-7c4e-7000-8000-000000000001', '{\"name\":\"a\"}')",
+                [],
+            )
+            .unwrap();
+        }
+        let opened = crate::store::Store::open(&path, 1 << 20, 5_000).unwrap();
+        assert!(
+            opened.recovered.is_none(),
+            "a v1 file is ours, not moved aside"
+        );
+        let store = opened.store;
+        assert_eq!(store.len(), 1);
+        let events = store.oldest(10).unwrap();
+        assert_eq!(events.len(), 1);
+        let e = &events[0];
+        assert_eq!(
+            (e.seq, e.ts_ms, e.id.to_string().as_str(), &*e.json),
+            (
+                3,
+                1000,
+                "0193a0b2-7c4e-7000-8000-000000000001",
+                r#"{"name":"a"}"#
+            )
+        );
+        assert_eq!((e.accepted_ms, e.sends, e.unanswered), (5_000, 0, 0));
+        assert_eq!(
+            store.expire(4_999).unwrap().len(),
+            0,
+            "not expired by its old ts"
+        );
+    }
 }

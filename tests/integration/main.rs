@@ -2,6 +2,7 @@
 //! SQLite file in a temp dir. One binary with many modules, to link once.
 
 mod common;
+mod event_record;
 mod failures;
 mod pipeline;
 mod quarantine;

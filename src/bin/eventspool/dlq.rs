@@ -12,7 +12,7 @@ use crate::{CmdResult, EXIT_OK, Failure, print_json};
 
 pub const HELP: &str = "\
 The quarantine holds events the collector refused for good (reasons: rejected, bad_request,
-too_large). Triage: list, look at one, fix the cause, redrive (same event_id; the next
+too_large), or never answered for (max_sends). Triage: list, look at one, fix the cause, redrive (same event_id; the next
 `eventspool flush` delivers them) or purge. Needs the store's owner lock: stop the app first.
 
 Examples:
@@ -30,7 +30,7 @@ pub enum DlqCommand {
     List {
         #[arg(long)]
         db: PathBuf,
-        /// Only this reason: rejected, bad_request or too_large.
+        /// Only this reason: rejected, bad_request, too_large or max_sends.
         #[arg(long)]
         reason: Option<String>,
         /// At most this many (0: all).
@@ -120,6 +120,7 @@ fn entry(e: &QuarantinedEvent, payload: bool) -> Value {
         "status": e.status,
         "detail": e.detail,
         "attempts": e.attempts,
+        "sends": e.sends,
         "first_failed": format_timestamp(e.first_failed_ms),
         "last_failed": format_timestamp(e.last_failed_ms),
     });

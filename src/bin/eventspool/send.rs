@@ -1,11 +1,15 @@
 //! `send` and `flush`: track, drain until done or stuck, summarize.
 
+use std::collections::BTreeMap;
 use std::io::{BufRead, IsTerminal, Write};
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use eventspool::{DeliveryState, DeliveryStatus, EventSpool, NewEvent, Stats};
+use eventspool::{
+    Config, DeliveryObserver, DeliveryState, DeliveryStatus, EventSpool, NewEvent, Notice, Stats,
+};
 use serde_json::{Value, json};
 
 use crate::{CmdResult, Connection, EXIT_OK, EXIT_PENDING, Failure, print_json};
@@ -77,7 +81,7 @@ pub fn send(args: SendArgs) -> CmdResult {
     let deadline = Instant::now() + timeout;
     let has_store = config.db_path.is_some();
     let capacity = config.memory_capacity;
-    let spool = EventSpool::open(config)?;
+    let (spool, drops) = open(config)?;
     let total = events.len() as u64;
     let mut progress = Progress::new(total);
     for (i, event) in events.into_iter().enumerate() {
@@ -95,14 +99,14 @@ pub fn send(args: SendArgs) -> CmdResult {
             if room.is_none_or(|st| st.pending >= capacity) {
                 let left = total - i as u64 - 1;
                 eprintln!("eventspool: delivery stalled; {left} input lines were not tracked");
-                return finish(&spool, deadline, &mut progress, left);
+                return finish(&spool, &drops, deadline, &mut progress, left);
             }
         }
     }
     if has_store {
         spool.persist()?;
     }
-    finish(&spool, deadline, &mut progress, 0)
+    finish(&spool, &drops, deadline, &mut progress, 0)
 }
 
 pub fn flush(args: FlushArgs) -> CmdResult {
@@ -113,9 +117,62 @@ pub fn flush(args: FlushArgs) -> CmdResult {
         ));
     }
     let deadline = Instant::now() + args.conn.timeout()?;
-    let spool = EventSpool::open(config)?;
+    let (spool, drops) = open(config)?;
     let mut progress = Progress::new(spool.stats().pending);
-    finish(&spool, deadline, &mut progress, 0)
+    finish(&spool, &drops, deadline, &mut progress, 0)
+}
+
+/// Opens the spool with a [`DropReporter`] watching it from the start.
+fn open(config: Config) -> Result<(EventSpool, Arc<DropReporter>), Failure> {
+    let drops = Arc::new(DropReporter::default());
+    let spool = EventSpool::builder(config).observer(drops.clone()).open()?;
+    Ok((spool, drops))
+}
+
+/// Names on stderr every event the spool dropped, with the reason, as the SDK reports them
+/// ([`Notice::EventsDropped`]); a tool that loses an event says which one.
+#[derive(Default)]
+struct DropReporter {
+    /// Events named so far, by reason.
+    named: Mutex<BTreeMap<String, u64>>,
+}
+
+impl DeliveryObserver for DropReporter {
+    fn on_state(&self, _status: &DeliveryStatus) {}
+
+    fn on_notice(&self, notice: &Notice) {
+        let Notice::EventsDropped { reason, event_ids } = notice else {
+            return;
+        };
+        let why = match reason.as_str() {
+            "expired" => "expired: accepted longer than max_event_age_ms ago, never sent",
+            other => other,
+        };
+        let mut err = std::io::stderr().lock();
+        for id in event_ids {
+            let _ = writeln!(err, "eventspool: dropped event {id}: {why}");
+        }
+        *self
+            .named
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(reason.clone())
+            .or_default() += event_ids.len() as u64;
+    }
+}
+
+impl DropReporter {
+    /// Drops the SDK counted without naming the events (memory overflow, disk cap, ...): said
+    /// as counts, so none goes unmentioned.
+    fn report_unnamed(&self, stats: &Stats) {
+        let named = self.named.lock().unwrap_or_else(|p| p.into_inner());
+        for (reason, n) in &stats.dropped {
+            let unnamed = n.saturating_sub(named.get(reason).copied().unwrap_or(0));
+            if unnamed > 0 {
+                eprintln!("eventspool: dropped {unnamed} events: {reason}");
+            }
+        }
+    }
 }
 
 /// States in which waiting longer achieves nothing without someone acting.
@@ -131,6 +188,7 @@ fn stuck(status: &DeliveryStatus) -> bool {
 /// Drains, prints the summary, closes the spool (pending events go to the store).
 fn finish(
     spool: &EventSpool,
+    drops: &DropReporter,
     deadline: Instant,
     progress: &mut Progress,
     untracked: u64,
@@ -156,6 +214,7 @@ fn finish(
         eprintln!("eventspool: stopped: {last}; last error: {last_error}");
     }
     spool.shutdown(Duration::from_secs(10))?;
+    drops.report_unnamed(&stats);
     if stats.pending > 0 && stats.store_bytes == 0 {
         eprintln!(
             "eventspool: no --db given: {} undelivered events are lost",

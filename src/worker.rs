@@ -13,6 +13,7 @@ use crate::event::QueuedEvent;
 use crate::quarantine::{QuarantinedEvent, reason};
 use crate::retry::{AfterFailure, Episode, after_failure, next_delay_ms};
 use crate::shared::{Control, Shared, lock, seqs_by_origin};
+use crate::split::{LoneRefusal, Split};
 use crate::state::{DeliveryState, PauseReason};
 use crate::stats::DropReason;
 use crate::transport::{HttpRequest, TransportError};
@@ -49,12 +50,22 @@ struct Batch {
     attempts: u32,
 }
 
+/// A lone event refused with 400/422 during a split, held until the split shows whether the
+/// collector refuses it or every request (see [`crate::split`]).
+struct Refused {
+    batch: Batch,
+    status: u16,
+    detail: String,
+}
+
 struct Worker {
     s: Arc<Shared>,
     mode: Mode,
     episode: Option<Episode>,
     /// The batch in flight first; after a 400/413 split, its halves in order.
     work: VecDeque<Batch>,
+    /// While `work` holds the pieces of a split: what the split has shown so far.
+    split: Option<Split<Refused>>,
     next_periodic_ms: u64,
     /// After `dismiss()`: the user said "back", so `flush_at` does not restart sending; the next
     /// periodic flush or an explicit trigger does.
@@ -72,6 +83,7 @@ pub async fn run(shared: Arc<Shared>) {
         mode: Mode::Idle,
         episode: None,
         work: VecDeque::new(),
+        split: None,
         next_periodic_ms: shared.clock.now_ms() + shared.config.flush_interval_ms,
         suppress_flush_at: false,
         manual_attempt: false,
@@ -434,6 +446,13 @@ impl Worker {
         let Some(batch) = self.work.pop_front() else {
             return;
         };
+        if matches!(outcome, Outcome::Delivered | Outcome::Partial { .. })
+            && let Some(split) = &mut self.split
+        {
+            for held in split.accepted() {
+                self.quarantine_batch(held.batch, reason::BAD_REQUEST, held.detail, held.status);
+            }
+        }
         match outcome {
             Outcome::Delivered => self.delivered(batch.events),
             Outcome::Partial { rejected } => {
@@ -462,6 +481,8 @@ impl Worker {
                 detail,
             } => {
                 if batch.events.len() > 1 {
+                    let n = batch.events.len();
+                    self.split.get_or_insert_with(|| Split::new(n));
                     let mut left = batch.events;
                     let right = left.split_off(left.len() / 2);
                     self.work.push_front(Batch {
@@ -472,13 +493,10 @@ impl Worker {
                         events: left,
                         attempts: 0,
                     });
+                } else if too_large {
+                    self.quarantine_batch(batch, reason::TOO_LARGE, detail, status);
                 } else {
-                    let why = if too_large {
-                        reason::TOO_LARGE
-                    } else {
-                        reason::BAD_REQUEST
-                    };
-                    self.quarantine(batch.events, why, detail, Some(status), batch.attempts);
+                    self.lone_refusal(batch, status, detail);
                 }
             }
             Outcome::Transient {
@@ -491,6 +509,55 @@ impl Worker {
             Outcome::Auth { failure } => self.pause(batch, PauseReason::Auth, failure),
             Outcome::Config { failure } => self.pause(batch, PauseReason::Config, failure),
         }
+        if self.work.is_empty()
+            && let Some(split) = self.split.take()
+        {
+            for held in split.finish() {
+                self.quarantine_batch(held.batch, reason::BAD_REQUEST, held.detail, held.status);
+            }
+        }
+    }
+
+    /// A lone event refused with 400/422: quarantined, unless the split it came from has had
+    /// no request accepted, which may mean the collector (or a proxy) refuses the request.
+    fn lone_refusal(&mut self, batch: Batch, status: u16, detail: String) {
+        let refused = Refused {
+            batch,
+            status,
+            detail,
+        };
+        let verdict = match &mut self.split {
+            Some(split) => split.lone_refusal(refused),
+            None => LoneRefusal::Quarantine(refused),
+        };
+        match verdict {
+            LoneRefusal::Quarantine(r) => {
+                self.quarantine_batch(r.batch, reason::BAD_REQUEST, r.detail, r.status)
+            }
+            LoneRefusal::Held => {}
+            LoneRefusal::RequestRefused(all) => {
+                let events = self.split.as_ref().map_or(0, Split::events);
+                let failure = Failure {
+                    status: Some(status),
+                    message: format!(
+                        "the request is refused, not its events: a batch of {events} split to \
+                         single events, none accepted; nothing quarantined (collector: {})",
+                        all.last().map_or("", |r| r.detail.as_str())
+                    ),
+                };
+                for r in all.into_iter().rev() {
+                    self.work.push_front(r.batch);
+                }
+                let front = self.work.pop_front();
+                if let Some(front) = front {
+                    self.pause(front, PauseReason::Config, failure);
+                }
+            }
+        }
+    }
+
+    fn quarantine_batch(&mut self, batch: Batch, why: &str, detail: String, status: u16) {
+        self.quarantine(batch.events, why, detail, Some(status), batch.attempts);
     }
 
     fn delivered(&mut self, events: Vec<(QueuedEvent, bool)>) {
@@ -595,9 +662,16 @@ impl Worker {
         self.mode = Mode::Paused { reason, failure };
     }
 
-    /// Gives the events of unfinished batches back to the queue, in place.
+    /// Gives the events of unfinished batches (and of a split's held events) back to the queue,
+    /// in place.
     fn release_work(&mut self) {
-        let events: Vec<_> = self.work.drain(..).flat_map(|b| b.events).collect();
+        let held = self.split.take().map(Split::abandon).unwrap_or_default();
+        let events: Vec<_> = held
+            .into_iter()
+            .map(|r| r.batch)
+            .chain(self.work.drain(..))
+            .flat_map(|b| b.events)
+            .collect();
         self.s.return_to_queue(&events);
     }
 

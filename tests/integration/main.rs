@@ -4,4 +4,5 @@
 mod common;
 mod failures;
 mod pipeline;
+mod policy;
 mod quarantine;

@@ -13,7 +13,7 @@ use crate::event::QueuedEvent;
 use crate::quarantine::{QuarantinedEvent, reason};
 use crate::retry::{AfterFailure, Episode, after_failure, next_delay_ms};
 use crate::shared::{Control, Shared, lock, seqs_by_origin};
-use crate::split::{LoneRefusal, Split};
+use crate::split::{LoneRefusal, SizeLimit, Split};
 use crate::state::{DeliveryState, PauseReason};
 use crate::stats::DropReason;
 use crate::transport::{HttpRequest, TransportError};
@@ -43,11 +43,23 @@ enum Mode {
     Disabled,
 }
 
-/// A batch being delivered: its events (each with whether it came from the store) and how many
-/// times it was sent, for `X-Eventspool-Attempt`.
+/// A batch being delivered: its events (each with whether it came from the store), how many
+/// times it was sent, for `X-Eventspool-Attempt`, and the size of its last body before
+/// compression, for [`SizeLimit`].
 struct Batch {
     events: Vec<(QueuedEvent, bool)>,
     attempts: u32,
+    body_bytes: u64,
+}
+
+impl Batch {
+    fn new(events: Vec<(QueuedEvent, bool)>) -> Batch {
+        Batch {
+            events,
+            attempts: 0,
+            body_bytes: 0,
+        }
+    }
 }
 
 /// A lone event refused with 400/422 during a split, held until the split shows whether the
@@ -66,6 +78,8 @@ struct Worker {
     work: VecDeque<Batch>,
     /// While `work` holds the pieces of a split: what the split has shown so far.
     split: Option<Split<Refused>>,
+    /// The body size a proxy or the collector accepts, learned from 413s (life of the spool).
+    size_limit: SizeLimit,
     next_periodic_ms: u64,
     /// After `dismiss()`: the user said "back", so `flush_at` does not restart sending; the next
     /// periodic flush or an explicit trigger does.
@@ -84,6 +98,7 @@ pub async fn run(shared: Arc<Shared>) {
         episode: None,
         work: VecDeque::new(),
         split: None,
+        size_limit: SizeLimit::new(shared.config.max_batch_bytes),
         next_periodic_ms: shared.clock.now_ms() + shared.config.flush_interval_ms,
         suppress_flush_at: false,
         manual_attempt: false,
@@ -349,7 +364,12 @@ impl Worker {
             None => Vec::new(),
         };
         let mut buffer = s.buffer.lock();
-        let room = s.config.max_batch_bytes - BATCH_OVERHEAD_BYTES;
+        // The first event is always taken, so a limit learned below one event still sends.
+        let room = self
+            .size_limit
+            .bytes()
+            .min(s.config.max_batch_bytes)
+            .saturating_sub(BATCH_OVERHEAD_BYTES);
         let mut picked: Vec<(QueuedEvent, bool)> = Vec::new();
         let mut memory_keys = Vec::new();
         let mut bytes = 0u64;
@@ -390,10 +410,7 @@ impl Worker {
         if let Some(store) = &s.store {
             store.lease(&seqs_by_origin(&picked).1);
         }
-        Some(Batch {
-            events: picked,
-            attempts: 0,
-        })
+        Some(Batch::new(picked))
     }
 
     /// Sends the front batch; `None` when shutdown interrupted it.
@@ -407,6 +424,7 @@ impl Worker {
             batch.events.iter().map(|(e, _)| &*e.json),
             s.clock.wall_ms(),
         );
+        batch.body_bytes = body.len() as u64;
         let mut headers = vec![
             ("Content-Type".to_string(), "application/json".to_string()),
             ("User-Agent".to_string(), USER_AGENT.to_string()),
@@ -446,6 +464,9 @@ impl Worker {
         let Some(batch) = self.work.pop_front() else {
             return;
         };
+        if matches!(outcome, Outcome::Delivered | Outcome::Partial { .. }) {
+            self.size_limit.accepted(batch.body_bytes);
+        }
         if matches!(outcome, Outcome::Delivered | Outcome::Partial { .. })
             && let Some(split) = &mut self.split
         {
@@ -485,15 +506,13 @@ impl Worker {
                     self.split.get_or_insert_with(|| Split::new(n));
                     let mut left = batch.events;
                     let right = left.split_off(left.len() / 2);
-                    self.work.push_front(Batch {
-                        events: right,
-                        attempts: 0,
-                    });
-                    self.work.push_front(Batch {
-                        events: left,
-                        attempts: 0,
-                    });
+                    if too_large {
+                        self.size_limit.refused(batch.body_bytes);
+                    }
+                    self.work.push_front(Batch::new(right));
+                    self.work.push_front(Batch::new(left));
                 } else if too_large {
+                    self.size_limit.refused(batch.body_bytes);
                     self.quarantine_batch(batch, reason::TOO_LARGE, detail, status);
                 } else {
                     self.lone_refusal(batch, status, detail);

@@ -11,7 +11,7 @@ use crate::classify::{Failure, Outcome, classify};
 use crate::config::{BATCH_OVERHEAD_BYTES, Compression, Durability};
 use crate::event::QueuedEvent;
 use crate::quarantine::{QuarantinedEvent, reason};
-use crate::retry::{AfterFailure, Episode, after_failure, next_delay_ms};
+use crate::retry::{AfterFailure, Episode, after_failure, next_delay_ms, probe_delay_ms};
 use crate::shared::{Control, Shared, lock, seqs_by_origin};
 use crate::split::{LoneRefusal, SizeLimit, Split};
 use crate::state::{DeliveryState, PauseReason};
@@ -31,9 +31,11 @@ enum Mode {
         deadline_ms: u64,
         failure: Failure,
     },
+    /// The budget is spent; the slow probe goes out at `probe_at_ms` (monotonic).
     WaitingForUser {
         attempts: u32,
         failure: Failure,
+        probe_at_ms: u64,
     },
     Paused {
         reason: PauseReason,
@@ -86,6 +88,12 @@ struct Worker {
     suppress_flush_at: bool,
     /// The next failure answers a manual `retry_now()` from `WaitingForUser`.
     manual_attempt: bool,
+    /// The request in flight is `WaitingForUser`'s automatic probe; holds the attempt count
+    /// the state keeps if it fails.
+    probing: Option<u32>,
+    /// Probes that failed since the budget was spent: the next one waits longer.
+    probes_failed: u32,
+    rng: fastrand::Rng,
     last_send_ms: Option<u64>,
     /// A pause outlives going offline and back: only `resume()` or new credentials end it, so a
     /// reconnect does not spend a request on an endpoint already known to refuse.
@@ -102,6 +110,12 @@ pub async fn run(shared: Arc<Shared>) {
         next_periodic_ms: shared.clock.now_ms() + shared.config.flush_interval_ms,
         suppress_flush_at: false,
         manual_attempt: false,
+        probing: None,
+        probes_failed: 0,
+        rng: match shared.jitter_seed {
+            Some(seed) => fastrand::Rng::with_seed(seed),
+            None => fastrand::Rng::new(),
+        },
         last_send_ms: None,
         pause: None,
         s: shared,
@@ -141,15 +155,25 @@ impl Worker {
                     )
                     .await
                 }
-                Mode::WaitingForUser { attempts, failure } => {
-                    self.idle_wait(
-                        DeliveryState::WaitingForUser {
-                            attempts,
-                            last_error: failure,
-                        },
-                        None,
-                    )
-                    .await
+                Mode::WaitingForUser {
+                    attempts,
+                    failure,
+                    probe_at_ms,
+                } => {
+                    if now >= probe_at_ms {
+                        // One request behind the state the UI shows; see `transient`.
+                        self.probing = Some(attempts);
+                        self.mode = Mode::Draining;
+                        continue;
+                    }
+                    let state = DeliveryState::WaitingForUser {
+                        attempts,
+                        last_error: failure,
+                        next_probe_at_ms: 0,
+                        probe_in_ms: 0,
+                    };
+                    self.s.publish(state, Some(probe_at_ms));
+                    self.wait(Some(probe_at_ms)).await;
                 }
                 Mode::Idle => {
                     let pending = self.s.counters.pending();
@@ -217,7 +241,7 @@ impl Worker {
         }
         if c.enabled_changed {
             self.release_work();
-            self.episode = None;
+            self.fresh_episode();
             self.mode = if c.enabled {
                 self.resting_mode()
             } else {
@@ -230,8 +254,7 @@ impl Worker {
         if c.online_changed {
             self.release_work();
             // A reconnect starts a fresh failure episode: the old budget was spent on a dead link.
-            self.episode = None;
-            self.manual_attempt = false;
+            self.fresh_episode();
             if c.online && self.pause.is_none() {
                 self.start_drain(now);
             } else {
@@ -242,11 +265,22 @@ impl Worker {
             self.mode = Mode::Offline;
             return;
         }
+        if c.foreground_changed
+            && c.foreground
+            && matches!(
+                self.mode,
+                Mode::RetryWait { .. } | Mode::WaitingForUser { .. }
+            )
+        {
+            // Back in the foreground: the user is looking and the outage may be long over, so
+            // the budget starts again now, as after a reconnect.
+            self.fresh_episode();
+            self.mode = Mode::Draining;
+        }
         match &self.mode {
             Mode::RetryWait { .. } | Mode::WaitingForUser { .. } if c.dismiss => {
                 self.release_work();
-                self.episode = None;
-                self.manual_attempt = false;
+                self.fresh_episode();
                 self.suppress_flush_at = true;
                 self.next_periodic_ms = now + self.s.config.flush_interval_ms;
                 self.mode = Mode::Idle;
@@ -259,6 +293,14 @@ impl Worker {
             Mode::Idle if c.retry_now || c.flush => self.start_drain(now),
             _ => {}
         }
+    }
+
+    /// Forgets the failure episode: the next failure starts a new one with the whole budget.
+    fn fresh_episode(&mut self) {
+        self.episode = None;
+        self.manual_attempt = false;
+        self.probing = None;
+        self.probes_failed = 0;
     }
 
     /// Where the worker rests when nothing is being sent: offline, paused, or idle.
@@ -298,7 +340,9 @@ impl Worker {
         if let Some(last) = self.last_send_ms {
             let ready_at = last + self.s.config.min_batch_interval_ms;
             if now < ready_at && self.s.config.min_batch_interval_ms > 0 {
-                self.s.publish(DeliveryState::Sending, None);
+                if self.probing.is_none() {
+                    self.s.publish(DeliveryState::Sending, None);
+                }
                 self.wait(Some(ready_at)).await;
                 return;
             }
@@ -313,7 +357,10 @@ impl Worker {
                 }
             }
         }
-        self.s.publish(DeliveryState::Sending, None);
+        if self.probing.is_none() {
+            // A probe runs behind `WaitingForUser`: the UI keeps showing that state.
+            self.s.publish(DeliveryState::Sending, None);
+        }
         let Some(result) = self.send_front().await else {
             return;
         };
@@ -464,6 +511,10 @@ impl Worker {
         let Some(batch) = self.work.pop_front() else {
             return;
         };
+        if !matches!(outcome, Outcome::Transient { .. }) && self.probing.take().is_some() {
+            // The collector answered the probe: whatever comes next is a new episode.
+            self.fresh_episode();
+        }
         if matches!(outcome, Outcome::Delivered | Outcome::Partial { .. }) {
             self.size_limit.accepted(batch.body_bytes);
         }
@@ -593,8 +644,7 @@ impl Worker {
             .batches_delivered
             .fetch_add(1, Ordering::Relaxed);
         self.s.counters.dequeued(n);
-        self.episode = None;
-        self.manual_attempt = false;
+        self.fresh_episode();
     }
 
     fn quarantine(
@@ -628,6 +678,13 @@ impl Worker {
     fn transient(&mut self, failure: Failure, retry_after_ms: Option<u64>) {
         let c = &self.s.config;
         let now = self.s.clock.now_ms();
+        if let Some(attempts) = self.probing.take() {
+            // A failed probe keeps the state; only the time of the next one moves, further out.
+            self.probes_failed += 1;
+            tracing::info!(error = %failure, probes = self.probes_failed, "delivery probe failed");
+            self.mode = self.waiting_for_user(attempts, failure, now);
+            return;
+        }
         let episode = self.episode.get_or_insert(Episode {
             started_ms: now,
             failures: 0,
@@ -640,7 +697,7 @@ impl Worker {
             c.backoff_cap_ms,
             retry_after_ms,
             c.retry_after_cap_ms,
-            fastrand::f64(),
+            self.rng.f64(),
         );
         let manual = std::mem::take(&mut self.manual_attempt);
         tracing::info!(error = %failure, failures = episode.failures, "delivery attempt failed");
@@ -669,8 +726,24 @@ impl Worker {
                     failure,
                 }
             }
-            AfterFailure::WaitForUser { attempts } => Mode::WaitingForUser { attempts, failure },
+            AfterFailure::WaitForUser { attempts } => self.waiting_for_user(attempts, failure, now),
         };
+    }
+
+    /// `WaitingForUser`, with the next slow probe scheduled (DESIGN §4).
+    fn waiting_for_user(&mut self, attempts: u32, failure: Failure, now: u64) -> Mode {
+        let c = &self.s.config;
+        let delay = probe_delay_ms(
+            self.probes_failed + 1,
+            c.probe_base_ms,
+            c.probe_cap_ms,
+            self.rng.f64(),
+        );
+        Mode::WaitingForUser {
+            attempts,
+            failure,
+            probe_at_ms: now + delay,
+        }
     }
 
     fn pause(&mut self, batch: Batch, reason: PauseReason, failure: Failure) {

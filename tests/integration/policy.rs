@@ -142,6 +142,7 @@ fn settle(spool: &EventSpool) {
         let at_rest = match s.state {
             DeliveryState::Sending => false,
             DeliveryState::RetryScheduled { retry_in_ms, .. } => retry_in_ms > 0,
+            DeliveryState::WaitingForUser { probe_in_ms, .. } => probe_in_ms > 0,
             DeliveryState::Idle => s.pending < 20,
             _ => true,
         };
@@ -154,8 +155,7 @@ fn settle(spool: &EventSpool) {
 }
 
 /// The side-by-side harness of issue 11 on the driven clock: an app tracks 200 events/s for
-/// 10 s, the collector is down from 3 s to 23 s, the app lives until 40 s. With the default
-/// retry policy every event is delivered by then, without anyone pressing "retry".
+/// 10 s, the collector is down from 3 s to 23 s, the app lives until 40 s.
 fn short_outage_run(clock: &ManualClock, spool: &EventSpool, collector: &ReferenceCollectorRef) {
     for tick in 0..400u64 {
         let t_ms = tick * 100;
@@ -178,31 +178,198 @@ fn short_outage_run(clock: &ManualClock, spool: &EventSpool, collector: &Referen
 
 type ReferenceCollectorRef = eventspool::collector::ReferenceCollector;
 
+/// With the default retry policy every event is delivered by 40 s, without anyone pressing
+/// "retry". The jitter is seeded so each run replays exactly; several seeds, because the
+/// policy must not depend on one lucky draw.
 #[test]
 fn a_short_outage_recovers_without_the_user() {
+    for seed in [1, 2, 3, 4, 5] {
+        let collector = collector();
+        let (clock, dyn_clock) = manual_clock();
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = config(&collector);
+        cfg.db_path = Some(dir.path().join("live.db"));
+        let spool = EventSpool::builder(cfg)
+            .clock(dyn_clock)
+            .jitter_seed(seed)
+            .open()
+            .unwrap();
+        short_outage_run(&clock, &spool, &collector);
+        let status = spool.state();
+        eprintln!(
+            "short outage, seed {seed}: {} of 2000 delivered by 40 s, {} requests, state {status}",
+            collector.distinct_count(),
+            spool.stats().requests
+        );
+        assert_eq!(
+            collector.distinct_count(),
+            2_000,
+            "seed {seed}: delivered within the linger; state {status}"
+        );
+        assert_eq!(status.pending, 0);
+        let stats = spool.stats();
+        assert_eq!(
+            stats.dropped_from_queue() + stats.quarantined,
+            0,
+            "{stats:?}"
+        );
+    }
+}
+
+/// Steps the clock a second at a time (bounded) until the state satisfies `done`; the worker
+/// must already be in a failure state (`settle` cannot tell a flush not yet taken up from rest).
+fn step_until(
+    clock: &ManualClock,
+    spool: &EventSpool,
+    what: &str,
+    done: impl Fn(&DeliveryState) -> bool,
+) {
+    for _ in 0..2_000 {
+        settle(spool);
+        if done(&spool.state().state) {
+            return;
+        }
+        clock.advance(Duration::from_secs(1));
+    }
+    panic!("never reached {what}: {}", spool.state());
+}
+
+/// Behind `WaitingForUser` a slow probe runs: one request at the announced time; a failure keeps
+/// the state and moves the next probe further out; a success drains as a fresh episode.
+#[test]
+fn waiting_for_user_probes_slowly_and_resumes_by_itself() {
     let collector = collector();
+    collector.set_outage(true).unwrap();
     let (clock, dyn_clock) = manual_clock();
-    let dir = tempfile::tempdir().unwrap();
     let mut cfg = config(&collector);
-    cfg.db_path = Some(dir.path().join("live.db"));
-    let spool = EventSpool::builder(cfg).clock(dyn_clock).open().unwrap();
-    short_outage_run(&clock, &spool, &collector);
-    let status = spool.state();
-    eprintln!(
-        "short outage: {} of 2000 delivered by 40 s, {} requests, state {status}",
-        collector.distinct_count(),
-        collector.request_count()
+    cfg.max_auto_attempts = 2;
+    let spool = EventSpool::builder(cfg.clone())
+        .clock(dyn_clock)
+        .jitter_seed(7)
+        .start_offline()
+        .open()
+        .unwrap();
+    for i in 0..30 {
+        spool.track("p", json!({"i": i})).unwrap();
+    }
+    // One batch of 30, sent when the app comes online.
+    spool.set_online(true);
+    wait_state(&spool, "the first retry", |s| {
+        matches!(s, DeliveryState::RetryScheduled { .. })
+    });
+    step_until(&clock, &spool, "waiting for user", |s| {
+        matches!(s, DeliveryState::WaitingForUser { .. })
+    });
+    let probe_in = |s: &DeliveryState| match s {
+        DeliveryState::WaitingForUser {
+            attempts,
+            probe_in_ms,
+            next_probe_at_ms,
+            ..
+        } => (*attempts, *probe_in_ms, *next_probe_at_ms),
+        other => panic!("not waiting for the user: {other:?}"),
+    };
+    let (attempts, first_in, at) = probe_in(&spool.state().state);
+    assert_eq!(attempts, 2);
+    assert!(
+        first_in > 0 && first_in <= cfg.probe_base_ms,
+        "first probe within probe_base_ms: {first_in}"
     );
+    assert_eq!(at, clock_wall(&clock) + first_in as i64, "next_probe_at_ms");
+    let requests = spool.stats().requests;
+
+    // Just before the probe: nothing is sent.
+    clock.advance(Duration::from_millis(first_in - 1));
+    settle(&spool);
     assert_eq!(
-        collector.distinct_count(),
-        2_000,
-        "delivered within the linger; state {status}"
+        spool.stats().requests,
+        requests,
+        "no request before the probe time"
     );
-    assert_eq!(status.pending, 0);
-    let stats = spool.stats();
+    // The probe, still in the outage: one request, the state stays, the next probe is later.
+    clock.advance(Duration::from_millis(1));
+    let deadline = std::time::Instant::now() + WAIT;
+    while spool.stats().requests == requests {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the probe never went out"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    settle(&spool);
     assert_eq!(
-        stats.dropped_from_queue() + stats.quarantined,
-        0,
-        "{stats:?}"
+        spool.stats().requests,
+        requests + 1,
+        "one request per probe"
     );
+    let (attempts_after, second_in, _) = probe_in(&spool.state().state);
+    assert_eq!(attempts_after, 2, "a failed probe keeps the state");
+    assert!(
+        second_in > 0 && second_in <= 2 * cfg.probe_base_ms,
+        "{second_in}"
+    );
+    assert_eq!(spool.state().pending, 30);
+
+    // The collector is back: the next probe delivers everything, as a fresh episode.
+    collector.set_outage(false).unwrap();
+    clock.advance(Duration::from_millis(second_in));
+    assert!(spool.wait_drained(WAIT), "{}", spool.state());
+    assert_eq!(collector.distinct_count(), 30);
+    assert_eq!(
+        spool.stats().requests,
+        requests + 2,
+        "collector saw {:?}",
+        collector
+            .requests()
+            .iter()
+            .map(|r| (r.status, r.event_ids.len(), r.attempt))
+            .collect::<Vec<_>>()
+    );
+}
+
+fn clock_wall(clock: &std::sync::Arc<ManualClock>) -> i64 {
+    use eventspool::Clock;
+    clock.wall_ms()
+}
+
+/// Returning to the foreground starts a fresh episode: from `WaitingForUser` and from a
+/// scheduled retry it sends at once, without waiting for the probe or the countdown (the clock
+/// does not move once the worker is parked on a future deadline).
+#[test]
+fn coming_to_the_foreground_sends_again_at_once() {
+    for max_auto_attempts in [1, 10] {
+        let collector = collector();
+        collector.set_outage(true).unwrap();
+        let (clock, dyn_clock) = manual_clock();
+        let mut cfg = config(&collector);
+        cfg.max_auto_attempts = max_auto_attempts;
+        cfg.backoff_base_ms = 60_000;
+        cfg.backoff_cap_ms = 60_000;
+        let spool = EventSpool::builder(cfg)
+            .clock(dyn_clock)
+            .jitter_seed(3)
+            .open()
+            .unwrap();
+        spool.track("f", json!({})).unwrap();
+        spool.flush();
+        wait_state(&spool, "retry scheduled", |s| {
+            matches!(s, DeliveryState::RetryScheduled { .. })
+        });
+        if max_auto_attempts == 1 {
+            step_until(&clock, &spool, "waiting for user", |s| {
+                matches!(s, DeliveryState::WaitingForUser { .. })
+            });
+        }
+        settle(&spool);
+        let parked = spool.state();
+        collector.set_outage(false).unwrap();
+        spool.set_foreground(false);
+        spool.set_foreground(true);
+        assert!(
+            spool.wait_drained(WAIT),
+            "foreground did not resume delivery from {parked}: {}",
+            spool.state()
+        );
+        assert_eq!(collector.distinct_count(), 1);
+    }
 }

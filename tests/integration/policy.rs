@@ -243,9 +243,11 @@ fn waiting_for_user_probes_slowly_and_resumes_by_itself() {
     let (clock, dyn_clock) = manual_clock();
     let mut cfg = config(&collector);
     cfg.max_auto_attempts = 2;
+    let recorder = std::sync::Arc::new(Recorder::default());
     let spool = EventSpool::builder(cfg.clone())
         .clock(dyn_clock)
         .jitter_seed(7)
+        .observer(recorder.clone())
         .start_offline()
         .open()
         .unwrap();
@@ -309,6 +311,16 @@ fn waiting_for_user_probes_slowly_and_resumes_by_itself() {
         "{second_in}"
     );
     assert_eq!(spool.state().pending, 30);
+    let shown: Vec<&str> = recorder
+        .seen()
+        .iter()
+        .map(|s| s.state.name())
+        .skip_while(|n| *n != "waiting_for_user")
+        .collect();
+    assert!(
+        !shown.is_empty() && shown.iter().all(|n| *n == "waiting_for_user"),
+        "the probe runs behind WaitingForUser, the UI saw {shown:?}"
+    );
 
     // The collector is back: the next probe delivers everything, as a fresh episode.
     collector.set_outage(false).unwrap();

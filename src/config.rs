@@ -55,6 +55,10 @@ pub struct Config {
     pub backoff_cap_ms: u64,
     pub max_auto_attempts: u32,
     pub max_retry_elapsed_ms: u64,
+    /// `WaitingForUser`'s slow automatic probe: ceiling of the delay before probe k is
+    /// `min(probe_cap_ms, probe_base_ms · 2^(k-1))`, full jitter (see [`crate::retry`]).
+    pub probe_base_ms: u64,
+    pub probe_cap_ms: u64,
     pub attempt_timeout_ms: u64,
     pub retry_after_cap_ms: u64,
     pub max_event_age_ms: u64,
@@ -86,6 +90,8 @@ pub const CONFIG_NAMES: &[&str] = &[
     "backoff_cap_ms",
     "max_auto_attempts",
     "max_retry_elapsed_ms",
+    "probe_base_ms",
+    "probe_cap_ms",
     "attempt_timeout_ms",
     "retry_after_cap_ms",
     "max_event_age_ms",
@@ -115,10 +121,20 @@ impl Config {
             min_batch_interval_ms: SECOND_MS,
             flush_at: 20,
             flush_interval_ms: 30 * SECOND_MS,
+            // The retry defaults are chosen so each knob can decide: the ceilings run 1, 2, 4,
+            // 8, then 15 s (the cap, from retry 5), so ten retries take 52 s on average and at
+            // most 105 s; the 60 s elapsed budget ends the high draws, the attempt count the
+            // low ones. A 15 s cap also means a collector back from an outage is tried again
+            // within 15 s while the episode lasts; after it, the probe takes over.
             backoff_base_ms: SECOND_MS,
-            backoff_cap_ms: 30 * SECOND_MS,
-            max_auto_attempts: 5,
-            max_retry_elapsed_ms: 300 * SECOND_MS,
+            backoff_cap_ms: 15 * SECOND_MS,
+            max_auto_attempts: 10,
+            max_retry_elapsed_ms: 60 * SECOND_MS,
+            // First probe within a minute of the hand-over, then doubling to 15 minutes: slow
+            // enough for a fleet stuck behind a long outage, soon enough that no event waits for
+            // a person once the collector is back.
+            probe_base_ms: 60 * SECOND_MS,
+            probe_cap_ms: 15 * 60 * SECOND_MS,
             attempt_timeout_ms: 10 * SECOND_MS,
             retry_after_cap_ms: 300 * SECOND_MS,
             max_event_age_ms: 7 * DAY_MS,
@@ -153,6 +169,8 @@ impl Config {
                     .map_err(|_| ConfigError::new(name, format!("{value} is too large")))?
             }
             "max_retry_elapsed_ms" => self.max_retry_elapsed_ms = number()?,
+            "probe_base_ms" => self.probe_base_ms = number()?,
+            "probe_cap_ms" => self.probe_cap_ms = number()?,
             "attempt_timeout_ms" => self.attempt_timeout_ms = number()?,
             "retry_after_cap_ms" => self.retry_after_cap_ms = number()?,
             "max_event_age_ms" => self.max_event_age_ms = number()?,
@@ -224,6 +242,8 @@ impl Config {
             ("backoff_base_ms", self.backoff_base_ms),
             ("backoff_cap_ms", self.backoff_cap_ms),
             ("max_retry_elapsed_ms", self.max_retry_elapsed_ms),
+            ("probe_base_ms", self.probe_base_ms),
+            ("probe_cap_ms", self.probe_cap_ms),
             ("attempt_timeout_ms", self.attempt_timeout_ms),
             ("max_event_age_ms", self.max_event_age_ms),
             ("max_event_sends", u64::from(self.max_event_sends)),
@@ -240,6 +260,15 @@ impl Config {
                 format!(
                     "{} is below backoff_base_ms ({})",
                     self.backoff_cap_ms, self.backoff_base_ms
+                ),
+            ));
+        }
+        if self.probe_cap_ms < self.probe_base_ms {
+            return Err(ConfigError::new(
+                "probe_cap_ms",
+                format!(
+                    "{} is below probe_base_ms ({})",
+                    self.probe_cap_ms, self.probe_base_ms
                 ),
             ));
         }
@@ -337,6 +366,31 @@ mod tests {
         assert_eq!(c.max_event_age_ms, 7 * 24 * 3600 * 1000);
         assert_eq!(c.max_event_sends, 10);
         assert_eq!(c.compression, Compression::Gzip);
+    }
+
+    /// Issue 11: with the old 5 × 1 s base, the fifth retry's ceiling (16 s) never reached the
+    /// 30 s cap, and the retries could never last the 300 s elapsed budget. Each knob must be
+    /// able to end or shape an episode with the defaults.
+    #[test]
+    fn every_retry_default_can_matter() {
+        use crate::retry::backoff_ceiling_ms;
+        let c = Config::new("https://collector.example/v1/batch");
+        let ceilings: Vec<u64> = (1..=c.max_auto_attempts)
+            .map(|k| backoff_ceiling_ms(k, c.backoff_base_ms, c.backoff_cap_ms))
+            .collect();
+        let uncapped = c.backoff_base_ms << (c.max_auto_attempts - 1);
+        assert!(uncapped > c.backoff_cap_ms, "the cap is reached");
+        let longest: u64 = ceilings.iter().sum();
+        let average = longest / 2;
+        assert!(
+            longest > c.max_retry_elapsed_ms,
+            "the elapsed budget can end an episode ({longest} ms at most)"
+        );
+        assert!(
+            average < c.max_retry_elapsed_ms,
+            "the attempt count ends a typical episode ({average} ms on average)"
+        );
+        assert!(c.probe_base_ms >= c.backoff_cap_ms && c.probe_cap_ms > c.probe_base_ms);
     }
 
     #[test]

@@ -23,6 +23,7 @@ pub mod event;
 pub mod quarantine;
 pub mod retry;
 mod shared;
+pub mod split;
 mod spool;
 pub mod state;
 pub mod stats;

@@ -53,6 +53,16 @@ pub fn next_delay_ms(
     }
 }
 
+/// The delay before `WaitingForUser`'s automatic probe number `probe` (1-based):
+/// `uniform(0, min(probe_cap_ms, probe_base_ms · 2^(probe-1)))`, the retry formula on a slower
+/// scale. The probe is what lets delivery resume by itself once the collector is back, without
+/// anyone pressing "retry"; full jitter spreads a fleet's probes as it spreads its retries, and
+/// the doubling to a cap of minutes keeps a fleet behind a long outage from costing more than
+/// one request per device every few minutes.
+pub fn probe_delay_ms(probe: u32, probe_base_ms: u64, probe_cap_ms: u64, unit: f64) -> u64 {
+    full_jitter_ms(probe, probe_base_ms, probe_cap_ms, unit)
+}
+
 /// One failure episode: from the first transient failure to the next success (or a reconnect).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Episode {
@@ -129,6 +139,19 @@ mod tests {
         fn retry_after_parsing_never_panics(text in ".{0,64}") {
             let _ = parse_retry_after(&text, SystemTime::now());
         }
+    }
+
+    #[test]
+    fn probes_grow_from_a_minute_to_the_cap() {
+        let ceilings: Vec<u64> = (1..=6)
+            .map(|k| probe_delay_ms(k, 60_000, 900_000, 1.0))
+            .collect();
+        assert_eq!(
+            ceilings,
+            [60_000, 120_000, 240_000, 480_000, 900_000, 900_000]
+        );
+        assert_eq!(probe_delay_ms(3, 60_000, 900_000, 0.5), 120_000);
+        assert_eq!(probe_delay_ms(u32::MAX, 60_000, 900_000, 0.0), 0);
     }
 
     #[test]

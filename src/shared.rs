@@ -35,6 +35,10 @@ pub struct Control {
     pub dismiss: bool,
     pub resume: bool,
     pub api_key_changed: bool,
+    /// Whether the app is in the foreground; the background → foreground edge starts a fresh
+    /// failure episode, as a reconnect does.
+    pub foreground: bool,
+    pub foreground_changed: bool,
     pub shutdown: bool,
 }
 
@@ -50,13 +54,15 @@ impl Default for Control {
             dismiss: false,
             resume: false,
             api_key_changed: false,
+            foreground: true,
+            foreground_changed: false,
             shutdown: false,
         }
     }
 }
 
-/// The published state; a retry deadline is kept on the monotonic clock so `state()` can say
-/// how long is left at the moment it is called.
+/// The published state; a retry (or probe) deadline is kept on the monotonic clock so `state()`
+/// can say how long is left at the moment it is called.
 pub struct StateCell {
     pub state: DeliveryState,
     pub retry_deadline_ms: Option<u64>,
@@ -117,6 +123,9 @@ pub struct Shared {
     pub spill: Mutex<SpillSignal>,
     pub spill_cv: Condvar,
     pub shutdown: tokio::sync::watch::Sender<bool>,
+    /// Seeds the worker's retry and probe jitter (tests and simulations replay a run); `None`
+    /// draws from the system.
+    pub jitter_seed: Option<u64>,
 }
 
 impl Shared {
@@ -135,6 +144,7 @@ impl Shared {
         c.dismiss = false;
         c.resume = false;
         c.api_key_changed = false;
+        c.foreground_changed = false;
         snapshot
     }
 
@@ -143,16 +153,21 @@ impl Shared {
         let mut state = cell.state.clone();
         if let (
             DeliveryState::RetryScheduled {
-                retry_in_ms,
-                next_retry_at_ms,
+                retry_in_ms: left_ms,
+                next_retry_at_ms: at_ms,
+                ..
+            }
+            | DeliveryState::WaitingForUser {
+                probe_in_ms: left_ms,
+                next_probe_at_ms: at_ms,
                 ..
             },
             Some(deadline),
         ) = (&mut state, cell.retry_deadline_ms)
         {
             let now = self.clock.now_ms();
-            *retry_in_ms = deadline.saturating_sub(now);
-            *next_retry_at_ms = self.clock.wall_ms() + *retry_in_ms as i64;
+            *left_ms = deadline.saturating_sub(now);
+            *at_ms = self.clock.wall_ms() + *left_ms as i64;
         }
         DeliveryStatus {
             state,

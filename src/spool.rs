@@ -32,6 +32,7 @@ pub struct SpoolBuilder {
     transport: Option<Arc<dyn Transport>>,
     observers: Vec<Arc<dyn DeliveryObserver>>,
     online: bool,
+    jitter_seed: Option<u64>,
 }
 
 impl SpoolBuilder {
@@ -56,6 +57,13 @@ impl SpoolBuilder {
     /// Starts offline (no attempt until `set_online(true)`), as an app that knows it has no network.
     pub fn start_offline(mut self) -> Self {
         self.online = false;
+        self
+    }
+
+    /// Seeds the retry and probe jitter, so a run on a [`crate::ManualClock`] can be replayed
+    /// exactly. Apps leave it unset: a fleet must not share one sequence of delays.
+    pub fn jitter_seed(mut self, seed: u64) -> Self {
+        self.jitter_seed = Some(seed);
         self
     }
 
@@ -91,6 +99,7 @@ impl EventSpool {
             transport: None,
             observers: Vec::new(),
             online: true,
+            jitter_seed: None,
         }
     }
 
@@ -160,6 +169,7 @@ impl EventSpool {
             spill: Mutex::new(SpillSignal::default()),
             spill_cv: Condvar::new(),
             shutdown,
+            jitter_seed: b.jitter_seed,
             config,
         });
         shared
@@ -394,6 +404,19 @@ impl EventSpool {
             if c.online != online {
                 c.online = online;
                 c.online_changed = true;
+            }
+        });
+    }
+
+    /// Tells the spool whether the app is in the foreground. Coming back to the foreground starts
+    /// a fresh failure episode: from `RetryScheduled` or `WaitingForUser` it sends at once with
+    /// the whole automatic budget again, as a reconnect does (the user is looking, and the
+    /// outage may be long over). Going to the background changes nothing by itself.
+    pub fn set_foreground(&self, foreground: bool) {
+        self.shared().control(|c| {
+            if c.foreground != foreground {
+                c.foreground = foreground;
+                c.foreground_changed = true;
             }
         });
     }

@@ -8,6 +8,7 @@
 //!                     │ timer / retry_now()                               │ retry_now() / dismiss()
 //!                     ▼                                                   ▼
 //!                  Sending                                           Sending / Idle
+//!                                    WaitingForUser ──slow probe ok / foreground / reconnect──▶ Sending
 //! Offline (set_online(false)): no attempts at all.  Paused{auth|config}: until resume()/new key.
 //! ```
 
@@ -44,9 +45,16 @@ pub enum DeliveryState {
         retry_in_ms: u64,
         last_error: Failure,
     },
+    /// The automatic budget is spent; the UI offers "Retry now" and "Back". Behind it a slow
+    /// automatic probe keeps running (one request at `next_probe_at_ms`); its success resumes
+    /// delivery as a fresh episode, its failure only moves the probe time.
     WaitingForUser {
         attempts: u32,
         last_error: Failure,
+        /// Wall-clock estimate (Unix ms) of the next automatic probe, for display.
+        next_probe_at_ms: i64,
+        /// Milliseconds until that probe, computed when this value was made.
+        probe_in_ms: u64,
     },
     Offline,
     Paused {
@@ -107,6 +115,7 @@ impl std::fmt::Display for DeliveryStatus {
             DeliveryState::WaitingForUser {
                 attempts,
                 last_error,
+                ..
             } => write!(
                 f,
                 "gave up after {attempts} attempts ({last_error}), waiting for retry, {} pending",

@@ -11,8 +11,9 @@ use crate::classify::{Failure, Outcome, classify};
 use crate::config::{BATCH_OVERHEAD_BYTES, Compression, Durability};
 use crate::event::{QueuedEvent, SendNote};
 use crate::quarantine::{QuarantinedEvent, reason};
-use crate::retry::{AfterFailure, Episode, after_failure, next_delay_ms};
+use crate::retry::{AfterFailure, Episode, after_failure, next_delay_ms, probe_delay_ms};
 use crate::shared::{Control, Shared, lock, seqs_by_origin};
+use crate::split::{LoneRefusal, SizeLimit, Split};
 use crate::state::{DeliveryState, Notice, PauseReason};
 use crate::stats::DropReason;
 use crate::transport::{HttpRequest, TransportError};
@@ -30,9 +31,11 @@ enum Mode {
         deadline_ms: u64,
         failure: Failure,
     },
+    /// The budget is spent; the slow probe goes out at `probe_at_ms` (monotonic).
     WaitingForUser {
         attempts: u32,
         failure: Failure,
+        probe_at_ms: u64,
     },
     Paused {
         reason: PauseReason,
@@ -42,12 +45,32 @@ enum Mode {
     Disabled,
 }
 
-/// A batch being delivered: its events (each with whether it came from the store) and how many
+/// A batch being delivered: its events (each with whether it came from the store), how many
 /// times this batch was sent (the quarantine records it; `X-Eventspool-Attempt` is derived from
-/// the events' own send counts, which outlive a batch).
+/// the events' own send counts, which outlive a batch), and the size of its last body before
+/// compression, for [`SizeLimit`].
 struct Batch {
     events: Vec<(QueuedEvent, bool)>,
     attempts: u32,
+    body_bytes: u64,
+}
+
+impl Batch {
+    fn new(events: Vec<(QueuedEvent, bool)>) -> Batch {
+        Batch {
+            events,
+            attempts: 0,
+            body_bytes: 0,
+        }
+    }
+}
+
+/// A lone event refused with 400/422 during a split, held until the split shows whether the
+/// collector refuses it or every request (see [`crate::split`]).
+struct Refused {
+    batch: Batch,
+    status: u16,
+    detail: String,
 }
 
 struct Worker {
@@ -56,12 +79,22 @@ struct Worker {
     episode: Option<Episode>,
     /// The batch in flight first; after a 400/413 split, its halves in order.
     work: VecDeque<Batch>,
+    /// While `work` holds the pieces of a split: what the split has shown so far.
+    split: Option<Split<Refused>>,
+    /// The body size a proxy or the collector accepts, learned from 413s (life of the spool).
+    size_limit: SizeLimit,
     next_periodic_ms: u64,
     /// After `dismiss()`: the user said "back", so `flush_at` does not restart sending; the next
     /// periodic flush or an explicit trigger does.
     suppress_flush_at: bool,
     /// The next failure answers a manual `retry_now()` from `WaitingForUser`.
     manual_attempt: bool,
+    /// The request in flight is `WaitingForUser`'s automatic probe; holds the attempt count
+    /// the state keeps if it fails.
+    probing: Option<u32>,
+    /// Probes that failed since the budget was spent: the next one waits longer.
+    probes_failed: u32,
+    rng: fastrand::Rng,
     last_send_ms: Option<u64>,
     /// A pause outlives going offline and back: only `resume()` or new credentials end it, so a
     /// reconnect does not spend a request on an endpoint already known to refuse.
@@ -81,9 +114,17 @@ pub async fn run(shared: Arc<Shared>) {
         mode: Mode::Idle,
         episode: None,
         work: VecDeque::new(),
+        split: None,
+        size_limit: SizeLimit::new(shared.config.max_batch_bytes),
         next_periodic_ms: shared.clock.now_ms() + shared.config.flush_interval_ms,
         suppress_flush_at: false,
         manual_attempt: false,
+        probing: None,
+        probes_failed: 0,
+        rng: match shared.jitter_seed {
+            Some(seed) => fastrand::Rng::with_seed(seed),
+            None => fastrand::Rng::new(),
+        },
         last_send_ms: None,
         pause: None,
         answers: 0,
@@ -126,15 +167,25 @@ impl Worker {
                     )
                     .await
                 }
-                Mode::WaitingForUser { attempts, failure } => {
-                    self.idle_wait(
-                        DeliveryState::WaitingForUser {
-                            attempts,
-                            last_error: failure,
-                        },
-                        None,
-                    )
-                    .await
+                Mode::WaitingForUser {
+                    attempts,
+                    failure,
+                    probe_at_ms,
+                } => {
+                    if now >= probe_at_ms {
+                        // One request behind the state the UI shows; see `transient`.
+                        self.probing = Some(attempts);
+                        self.mode = Mode::Draining;
+                        continue;
+                    }
+                    let state = DeliveryState::WaitingForUser {
+                        attempts,
+                        last_error: failure,
+                        next_probe_at_ms: 0,
+                        probe_in_ms: 0,
+                    };
+                    self.s.publish(state, Some(probe_at_ms));
+                    self.wait(Some(probe_at_ms)).await;
                 }
                 Mode::Idle => {
                     let pending = self.s.counters.pending();
@@ -202,7 +253,7 @@ impl Worker {
         }
         if c.enabled_changed {
             self.release_work();
-            self.episode = None;
+            self.fresh_episode();
             self.mode = if c.enabled {
                 self.resting_mode()
             } else {
@@ -215,8 +266,7 @@ impl Worker {
         if c.online_changed {
             self.release_work();
             // A reconnect starts a fresh failure episode: the old budget was spent on a dead link.
-            self.episode = None;
-            self.manual_attempt = false;
+            self.fresh_episode();
             if c.online && self.pause.is_none() {
                 self.start_drain(now);
             } else {
@@ -227,11 +277,22 @@ impl Worker {
             self.mode = Mode::Offline;
             return;
         }
+        if c.foreground_changed
+            && c.foreground
+            && matches!(
+                self.mode,
+                Mode::RetryWait { .. } | Mode::WaitingForUser { .. }
+            )
+        {
+            // Back in the foreground: the user is looking and the outage may be long over, so
+            // the budget starts again now, as after a reconnect.
+            self.fresh_episode();
+            self.mode = Mode::Draining;
+        }
         match &self.mode {
             Mode::RetryWait { .. } | Mode::WaitingForUser { .. } if c.dismiss => {
                 self.release_work();
-                self.episode = None;
-                self.manual_attempt = false;
+                self.fresh_episode();
                 self.suppress_flush_at = true;
                 self.next_periodic_ms = now + self.s.config.flush_interval_ms;
                 self.mode = Mode::Idle;
@@ -244,6 +305,14 @@ impl Worker {
             Mode::Idle if c.retry_now || c.flush => self.start_drain(now),
             _ => {}
         }
+    }
+
+    /// Forgets the failure episode: the next failure starts a new one with the whole budget.
+    fn fresh_episode(&mut self) {
+        self.episode = None;
+        self.manual_attempt = false;
+        self.probing = None;
+        self.probes_failed = 0;
     }
 
     /// Where the worker rests when nothing is being sent: offline, paused, or idle.
@@ -283,7 +352,9 @@ impl Worker {
         if let Some(last) = self.last_send_ms {
             let ready_at = last + self.s.config.min_batch_interval_ms;
             if now < ready_at && self.s.config.min_batch_interval_ms > 0 {
-                self.s.publish(DeliveryState::Sending, None);
+                if self.probing.is_none() {
+                    self.s.publish(DeliveryState::Sending, None);
+                }
                 self.wait(Some(ready_at)).await;
                 return;
             }
@@ -303,7 +374,10 @@ impl Worker {
         if !self.drop_expired_from_front() {
             return;
         }
-        self.s.publish(DeliveryState::Sending, None);
+        if self.probing.is_none() {
+            // A probe runs behind `WaitingForUser`: the UI keeps showing that state.
+            self.s.publish(DeliveryState::Sending, None);
+        }
         let Some(result) = self.send_front().await else {
             return;
         };
@@ -427,7 +501,12 @@ impl Worker {
             None => Vec::new(),
         };
         let mut buffer = s.buffer.lock();
-        let room = s.config.max_batch_bytes - BATCH_OVERHEAD_BYTES;
+        // The first event is always taken, so a limit learned below one event still sends.
+        let room = self
+            .size_limit
+            .bytes()
+            .min(s.config.max_batch_bytes)
+            .saturating_sub(BATCH_OVERHEAD_BYTES);
         let mut picked: Vec<(QueuedEvent, bool)> = Vec::new();
         let mut memory_keys = Vec::new();
         let mut bytes = 0u64;
@@ -468,10 +547,7 @@ impl Worker {
         if let Some(store) = &s.store {
             store.lease(&seqs_by_origin(&picked).1);
         }
-        Some(Batch {
-            events: picked,
-            attempts: 0,
-        })
+        Some(Batch::new(picked))
     }
 
     /// Sends the front batch; `None` when shutdown interrupted it.
@@ -495,6 +571,7 @@ impl Worker {
             batch.events.iter().map(|(e, _)| &*e.json),
             s.clock.wall_ms(),
         );
+        batch.body_bytes = body.len() as u64;
         let mut headers = vec![
             ("Content-Type".to_string(), "application/json".to_string()),
             ("User-Agent".to_string(), USER_AGENT.to_string()),
@@ -531,6 +608,20 @@ impl Worker {
         let Some(batch) = self.work.pop_front() else {
             return;
         };
+        if !matches!(outcome, Outcome::Transient { .. }) && self.probing.take().is_some() {
+            // The collector answered the probe: whatever comes next is a new episode.
+            self.fresh_episode();
+        }
+        if matches!(outcome, Outcome::Delivered | Outcome::Partial { .. }) {
+            self.size_limit.accepted(batch.body_bytes);
+        }
+        if matches!(outcome, Outcome::Delivered | Outcome::Partial { .. })
+            && let Some(split) = &mut self.split
+        {
+            for held in split.accepted() {
+                self.quarantine_batch(held.batch, reason::BAD_REQUEST, held.detail, held.status);
+            }
+        }
         match outcome {
             Outcome::Delivered => self.delivered(batch.events),
             Outcome::Partial { rejected } => {
@@ -559,23 +650,20 @@ impl Worker {
                 detail,
             } => {
                 if batch.events.len() > 1 {
+                    let n = batch.events.len();
+                    self.split.get_or_insert_with(|| Split::new(n));
                     let mut left = batch.events;
                     let right = left.split_off(left.len() / 2);
-                    self.work.push_front(Batch {
-                        events: right,
-                        attempts: 0,
-                    });
-                    self.work.push_front(Batch {
-                        events: left,
-                        attempts: 0,
-                    });
+                    if too_large {
+                        self.size_limit.refused(batch.body_bytes);
+                    }
+                    self.work.push_front(Batch::new(right));
+                    self.work.push_front(Batch::new(left));
+                } else if too_large {
+                    self.size_limit.refused(batch.body_bytes);
+                    self.quarantine_batch(batch, reason::TOO_LARGE, detail, status);
                 } else {
-                    let why = if too_large {
-                        reason::TOO_LARGE
-                    } else {
-                        reason::BAD_REQUEST
-                    };
-                    self.quarantine(batch.events, why, detail, Some(status), batch.attempts);
+                    self.lone_refusal(batch, status, detail);
                 }
             }
             Outcome::Transient {
@@ -590,6 +678,55 @@ impl Worker {
             Outcome::Auth { failure } => self.pause(batch, PauseReason::Auth, failure),
             Outcome::Config { failure } => self.pause(batch, PauseReason::Config, failure),
         }
+        if self.work.is_empty()
+            && let Some(split) = self.split.take()
+        {
+            for held in split.finish() {
+                self.quarantine_batch(held.batch, reason::BAD_REQUEST, held.detail, held.status);
+            }
+        }
+    }
+
+    /// A lone event refused with 400/422: quarantined, unless the split it came from has had
+    /// no request accepted, which may mean the collector (or a proxy) refuses the request.
+    fn lone_refusal(&mut self, batch: Batch, status: u16, detail: String) {
+        let refused = Refused {
+            batch,
+            status,
+            detail,
+        };
+        let verdict = match &mut self.split {
+            Some(split) => split.lone_refusal(refused),
+            None => LoneRefusal::Quarantine(refused),
+        };
+        match verdict {
+            LoneRefusal::Quarantine(r) => {
+                self.quarantine_batch(r.batch, reason::BAD_REQUEST, r.detail, r.status)
+            }
+            LoneRefusal::Held => {}
+            LoneRefusal::RequestRefused(all) => {
+                let events = self.split.as_ref().map_or(0, Split::events);
+                let failure = Failure {
+                    status: Some(status),
+                    message: format!(
+                        "the request is refused, not its events: a batch of {events} split to \
+                         single events, none accepted; nothing quarantined (collector: {})",
+                        all.last().map_or("", |r| r.detail.as_str())
+                    ),
+                };
+                for r in all.into_iter().rev() {
+                    self.work.push_front(r.batch);
+                }
+                let front = self.work.pop_front();
+                if let Some(front) = front {
+                    self.pause(front, PauseReason::Config, failure);
+                }
+            }
+        }
+    }
+
+    fn quarantine_batch(&mut self, batch: Batch, why: &str, detail: String, status: u16) {
+        self.quarantine(batch.events, why, detail, Some(status), batch.attempts);
     }
 
     /// `max_event_sends` (DESIGN §4): a request that got no answer, carrying an event that has
@@ -607,14 +744,8 @@ impl Worker {
             self.isolation.get_or_insert(self.answers);
             let mut left = batch.events;
             let right = left.split_off(left.len() / 2);
-            self.work.push_front(Batch {
-                events: right,
-                attempts: 0,
-            });
-            self.work.push_front(Batch {
-                events: left,
-                attempts: 0,
-            });
+            self.work.push_front(Batch::new(right));
+            self.work.push_front(Batch::new(left));
             return None;
         }
         if self.isolation.is_some_and(|mark| self.answers > mark) {
@@ -657,8 +788,7 @@ impl Worker {
             .batches_delivered
             .fetch_add(1, Ordering::Relaxed);
         self.s.counters.dequeued(n);
-        self.episode = None;
-        self.manual_attempt = false;
+        self.fresh_episode();
     }
 
     fn quarantine(
@@ -692,6 +822,13 @@ impl Worker {
     fn transient(&mut self, failure: Failure, retry_after_ms: Option<u64>) {
         let c = &self.s.config;
         let now = self.s.clock.now_ms();
+        if let Some(attempts) = self.probing.take() {
+            // A failed probe keeps the state; only the time of the next one moves, further out.
+            self.probes_failed += 1;
+            tracing::info!(error = %failure, probes = self.probes_failed, "delivery probe failed");
+            self.mode = self.waiting_for_user(attempts, failure, now);
+            return;
+        }
         let episode = self.episode.get_or_insert(Episode {
             started_ms: now,
             failures: 0,
@@ -704,7 +841,7 @@ impl Worker {
             c.backoff_cap_ms,
             retry_after_ms,
             c.retry_after_cap_ms,
-            fastrand::f64(),
+            self.rng.f64(),
         );
         let manual = std::mem::take(&mut self.manual_attempt);
         tracing::info!(error = %failure, failures = episode.failures, "delivery attempt failed");
@@ -733,8 +870,24 @@ impl Worker {
                     failure,
                 }
             }
-            AfterFailure::WaitForUser { attempts } => Mode::WaitingForUser { attempts, failure },
+            AfterFailure::WaitForUser { attempts } => self.waiting_for_user(attempts, failure, now),
         };
+    }
+
+    /// `WaitingForUser`, with the next slow probe scheduled (DESIGN §4).
+    fn waiting_for_user(&mut self, attempts: u32, failure: Failure, now: u64) -> Mode {
+        let c = &self.s.config;
+        let delay = probe_delay_ms(
+            self.probes_failed + 1,
+            c.probe_base_ms,
+            c.probe_cap_ms,
+            self.rng.f64(),
+        );
+        Mode::WaitingForUser {
+            attempts,
+            failure,
+            probe_at_ms: now + delay,
+        }
     }
 
     fn pause(&mut self, batch: Batch, reason: PauseReason, failure: Failure) {
@@ -745,9 +898,16 @@ impl Worker {
         self.mode = Mode::Paused { reason, failure };
     }
 
-    /// Gives the events of unfinished batches back to the queue, in place.
+    /// Gives the events of unfinished batches (and of a split's held events) back to the queue,
+    /// in place.
     fn release_work(&mut self) {
-        let events: Vec<_> = self.work.drain(..).flat_map(|b| b.events).collect();
+        let held = self.split.take().map(Split::abandon).unwrap_or_default();
+        let events: Vec<_> = held
+            .into_iter()
+            .map(|r| r.batch)
+            .chain(self.work.drain(..))
+            .flat_map(|b| b.events)
+            .collect();
         self.s.return_to_queue(&events);
     }
 

@@ -145,6 +145,10 @@ pub struct SpoolConfig {
     #[uniffi(default)]
     pub max_retry_elapsed_ms: Option<u64>,
     #[uniffi(default)]
+    pub probe_base_ms: Option<u64>,
+    #[uniffi(default)]
+    pub probe_cap_ms: Option<u64>,
+    #[uniffi(default)]
     pub attempt_timeout_ms: Option<u64>,
     #[uniffi(default)]
     pub retry_after_cap_ms: Option<u64>,
@@ -174,7 +178,7 @@ impl TryFrom<SpoolConfig> for Config {
         let mut c = Config::new(r.endpoint);
         c.api_key = r.api_key;
         c.db_path = r.db_path.map(PathBuf::from);
-        let numbers: [(&mut u64, Option<u64>); 16] = [
+        let numbers: [(&mut u64, Option<u64>); 18] = [
             (&mut c.memory_capacity, r.memory_capacity),
             (&mut c.max_disk_bytes, r.max_disk_bytes),
             (&mut c.max_event_bytes, r.max_event_bytes),
@@ -186,6 +190,8 @@ impl TryFrom<SpoolConfig> for Config {
             (&mut c.backoff_base_ms, r.backoff_base_ms),
             (&mut c.backoff_cap_ms, r.backoff_cap_ms),
             (&mut c.max_retry_elapsed_ms, r.max_retry_elapsed_ms),
+            (&mut c.probe_base_ms, r.probe_base_ms),
+            (&mut c.probe_cap_ms, r.probe_cap_ms),
             (&mut c.attempt_timeout_ms, r.attempt_timeout_ms),
             (&mut c.retry_after_cap_ms, r.retry_after_cap_ms),
             (&mut c.max_event_age_ms, r.max_event_age_ms),
@@ -352,6 +358,12 @@ impl EventSpool {
     /// Whether the device has a network; going online sends what is pending.
     pub fn set_online(&self, online: bool) {
         self.verb(|core| core.set_online(online));
+    }
+
+    /// Whether the app is in the foreground (call it from the lifecycle callbacks); coming back
+    /// starts a fresh failure episode, so a retry or a `WaitingForUser` sends again at once.
+    pub fn set_foreground(&self, foreground: bool) {
+        self.verb(|core| core.set_foreground(foreground));
     }
 
     /// Sends pending events now.

@@ -49,9 +49,15 @@ pub enum DeliveryState {
         last_error: AttemptFailure,
     },
     /// The automatic budget is spent: show "Retry now" (`retry_now`) and "Back" (`dismiss`).
+    /// A slow automatic probe keeps running behind it; it resumes delivery by itself once the
+    /// collector answers.
     WaitingForUser {
         attempts: u32,
         last_error: AttemptFailure,
+        /// Wall-clock estimate (Unix ms) of the next automatic probe, for display.
+        next_probe_at_ms: i64,
+        /// Milliseconds until that probe when this value was made.
+        probe_in_ms: u64,
     },
     Offline,
     Paused {
@@ -92,9 +98,13 @@ impl From<&state::DeliveryStatus> for DeliveryStatus {
             S::WaitingForUser {
                 attempts,
                 last_error,
+                next_probe_at_ms,
+                probe_in_ms,
             } => DeliveryState::WaitingForUser {
                 attempts: *attempts,
                 last_error: last_error.into(),
+                next_probe_at_ms: *next_probe_at_ms,
+                probe_in_ms: *probe_in_ms,
             },
             S::Offline => DeliveryState::Offline,
             S::Paused { reason, last_error } => DeliveryState::Paused {

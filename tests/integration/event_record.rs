@@ -5,12 +5,41 @@
 use std::time::Duration;
 
 use eventspool::collector::Behavior;
-use eventspool::{DeliveryState, DropReason, EventSpool, NewEvent, Selector};
+use eventspool::{
+    DeliveryState, DeliveryStatus, DropReason, EventSpool, ManualClock, NewEvent, Selector,
+};
 use serde_json::json;
 
 use crate::common::*;
 
 const DAY_MS: i64 = 24 * 3600 * 1000;
+
+/// Drives a stepped clock through a failure episode: every automatic retry is let go (the clock
+/// jumps to its deadline) until the budget is spent. The clock then stands still, so the
+/// slow probe behind `WaitingForUser` (a minute away or more) cannot add a request.
+fn drive_to_waiting_for_user(spool: &EventSpool, clock: &ManualClock) -> DeliveryStatus {
+    let mut seen = 0;
+    loop {
+        let st = spool
+            .wait_for(WAIT, |s| match s.state {
+                DeliveryState::WaitingForUser { .. } => true,
+                DeliveryState::RetryScheduled { attempt, .. } => attempt > seen,
+                _ => false,
+            })
+            .unwrap_or_else(|| panic!("no retry or hand-over; state {}", spool.state()));
+        match st.state {
+            DeliveryState::RetryScheduled { attempt, .. } => {
+                seen = attempt;
+                // Exactly to the retry's deadline: the episode's elapsed budget sees only the
+                // time the backoffs really took.
+                if let DeliveryState::RetryScheduled { retry_in_ms, .. } = spool.state().state {
+                    clock.advance(Duration::from_millis(retry_in_ms));
+                }
+            }
+            _ => return st,
+        }
+    }
+}
 
 fn event_at(name: &str, timestamp: &str) -> NewEvent {
     NewEvent {
@@ -213,10 +242,11 @@ fn event_that_never_gets_an_answer_is_quarantined_as_max_sends() {
     cfg.db_path = Some(dir.path().join("m.db"));
     // The first run gives up after two sends (one retry).
     cfg.max_auto_attempts = 1;
-    let clock = instant_clock();
-    // Tracked offline, so the auto-advancing clock's periodic flush cannot send a partial batch.
+    cfg.backoff_cap_ms = 1_000;
+    let (stepped, clock) = manual_clock();
+    // Tracked offline, so no periodic flush can send a partial batch.
     let spool = EventSpool::builder(cfg.clone())
-        .clock(clock.clone())
+        .clock(clock)
         .start_offline()
         .open()
         .unwrap();
@@ -227,9 +257,7 @@ fn event_that_never_gets_an_answer_is_quarantined_as_max_sends() {
         good.push(spool.track("fine", json!({"i": i})).unwrap().to_string());
     }
     spool.set_online(true);
-    wait_state(&spool, "budget spent", |s| {
-        matches!(s, DeliveryState::WaitingForUser { .. })
-    });
+    drive_to_waiting_for_user(&spool, &stepped);
     let first: Vec<(Option<u32>, String)> = collector
         .requests()
         .iter()
@@ -247,7 +275,10 @@ fn event_that_never_gets_an_answer_is_quarantined_as_max_sends() {
     // Reopened with room for many retries: without a per-event limit they would go on for ever.
     cfg.max_auto_attempts = 50;
     cfg.backoff_cap_ms = 1_000;
-    let spool = EventSpool::builder(cfg).clock(clock).open().unwrap();
+    let spool = EventSpool::builder(cfg)
+        .clock(instant_clock())
+        .open()
+        .unwrap();
     spool.flush();
     let done = spool.wait_for(WAIT, |st| {
         st.pending == 0 || matches!(st.state, DeliveryState::WaitingForUser { .. })
@@ -334,8 +365,10 @@ fn a_collector_that_never_answers_quarantines_nothing() {
     });
     let mut cfg = config(&collector);
     cfg.max_event_sends = 2;
+    cfg.max_auto_attempts = 5;
+    let (stepped, clock) = manual_clock();
     let spool = EventSpool::builder(cfg)
-        .clock(instant_clock())
+        .clock(clock)
         .start_offline()
         .open()
         .unwrap();
@@ -343,9 +376,7 @@ fn a_collector_that_never_answers_quarantines_nothing() {
         spool.track("fine", json!({"i": i})).unwrap();
     }
     spool.set_online(true);
-    let st = wait_state(&spool, "budget spent", |s| {
-        matches!(s, DeliveryState::WaitingForUser { .. })
-    });
+    let st = drive_to_waiting_for_user(&spool, &stepped);
     let stats = spool.stats();
     assert_eq!((stats.quarantined, st.pending), (0, 4), "{stats:?}");
     let n = collector.request_count();
@@ -361,16 +392,12 @@ fn attempt_header_counts_resends_after_dismiss_and_resume() {
     let collector = collector();
     let mut cfg = config(&collector);
     cfg.max_auto_attempts = 1;
-    let spool = EventSpool::builder(cfg)
-        .clock(instant_clock())
-        .open()
-        .unwrap();
+    let (stepped, clock) = manual_clock();
+    let spool = EventSpool::builder(cfg).clock(clock).open().unwrap();
     spool.track("e", json!({})).unwrap();
     collector.push_statuses(&[503, 503, 401]);
     spool.flush();
-    wait_state(&spool, "budget spent", |s| {
-        matches!(s, DeliveryState::WaitingForUser { .. })
-    });
+    drive_to_waiting_for_user(&spool, &stepped);
     spool.dismiss();
     wait_state(&spool, "idle", |s| matches!(s, DeliveryState::Idle));
     spool.flush();

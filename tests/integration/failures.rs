@@ -20,7 +20,10 @@ fn seed_story_outage_countdown_manual_retry_and_drain() {
     collector.set_outage(true).unwrap();
     let (clock, dyn_clock) = manual_clock();
     let recorder = Arc::new(Recorder::default());
-    let cfg = config(&collector);
+    let mut cfg = config(&collector);
+    // The seed UI's "attempt 2 of 5".
+    cfg.max_auto_attempts = 5;
+    let (base, cap) = (cfg.backoff_base_ms, cfg.backoff_cap_ms);
     let spool = EventSpool::builder(cfg)
         .clock(dyn_clock)
         .observer(recorder.clone())
@@ -83,7 +86,7 @@ fn seed_story_outage_countdown_manual_retry_and_drain() {
         {
             assert_eq!(max_attempts, 5);
             assert!(
-                retry_in_ms <= backoff_ceiling_ms(attempt, 1000, 30_000),
+                retry_in_ms <= backoff_ceiling_ms(attempt, base, cap),
                 "countdown over the bound"
             );
             if attempts_seen.last() != Some(&attempt) {

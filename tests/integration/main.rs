@@ -5,4 +5,5 @@ mod common;
 mod event_record;
 mod failures;
 mod pipeline;
+mod policy;
 mod quarantine;

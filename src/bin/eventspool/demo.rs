@@ -329,7 +329,9 @@ fn story(args: &DemoArgs, pace: &Pace, screen: &mut Screen) -> CmdResult {
     }
     let status = spool.state();
     match &status.state {
-        DeliveryState::WaitingForUser { attempts, last_error } => screen.say(&format!(
+        DeliveryState::WaitingForUser {
+            attempts, last_error, ..
+        } => screen.say(&format!(
             "   Automatic retries spent after {attempts} attempts ({}): the app now waits for the user.",
             short(last_error)
         )),

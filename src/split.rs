@@ -1,0 +1,323 @@
+//! What splitting a refused batch teaches, as plain data the worker carries out.
+//!
+//! A 400/422 for a batch means "something in here is bad", and the SDK halves the batch until
+//! the bad events stand alone (DESIGN §3). But a proxy in front of the collector can refuse
+//! every request for a reason that has nothing to do with the events (nginx's "400 Request
+//! Header Or Cookie Too Large" for an oversize API key): halving then costs 2N−2 requests and
+//! quarantines every event. The tell is that nothing of the split is ever accepted. [`Split`]
+//! keeps that evidence: a lone event refused before any request of the split was accepted is
+//! held, not quarantined; its sibling is sent next; the first accepted request releases the held
+//! events to the quarantine (the collector takes requests, so their refusal is about them), and
+//! a second lone refusal with none accepted means the request itself is refused: pause, with
+//! every event still queued, after about log2(N) + 2 requests.
+//!
+//! A 413 teaches a size: a proxy's `client_max_body_size` refuses every batch above it, so
+//! starting each new batch at the full `max_batch_bytes` again costs one refused upload per
+//! batch. [`SizeLimit`] remembers the size that was accepted for the life of the spool and grows
+//! back slowly (see its rule).
+
+/// Lone events refused before any request of the split was accepted that are held as suspects;
+/// one more such refusal pauses delivery. One suspect lets a poison event at the very head of a
+/// batch (reached before any sibling could be accepted) still be isolated; two lone refusals in
+/// a row with no request accepted are what a request-level refusal looks like.
+pub const HELD_BEFORE_PAUSE: usize = 1;
+
+/// The progress of one split, from the first refused multi-event batch until its last piece is
+/// answered. `T` is what the worker needs to quarantine a held event later.
+#[derive(Debug)]
+pub struct Split<T> {
+    events: usize,
+    accepted: bool,
+    held: Vec<T>,
+}
+
+/// What to do with a lone event the collector refused with 400/422 during a split.
+#[derive(Debug, PartialEq, Eq)]
+pub enum LoneRefusal<T> {
+    /// A request of this split was accepted: the event itself is refused; quarantine it.
+    Quarantine(T),
+    /// Nothing accepted yet: keep it aside and send the next piece.
+    Held,
+    /// Nothing accepted and lone events refused again: the request is refused, not the events.
+    /// These are the held items and this one, to give back to the queue.
+    RequestRefused(Vec<T>),
+}
+
+impl<T> Split<T> {
+    /// A split of a refused batch of `events` events.
+    pub fn new(events: usize) -> Split<T> {
+        Split {
+            events,
+            accepted: false,
+            held: Vec::new(),
+        }
+    }
+
+    /// Events in the batch whose refusal started the split.
+    pub fn events(&self) -> usize {
+        self.events
+    }
+
+    /// A request of the split was accepted (2xx): returns the held events, now known to be
+    /// refused for what they are.
+    pub fn accepted(&mut self) -> Vec<T> {
+        self.accepted = true;
+        std::mem::take(&mut self.held)
+    }
+
+    pub fn lone_refusal(&mut self, item: T) -> LoneRefusal<T> {
+        if self.accepted {
+            return LoneRefusal::Quarantine(item);
+        }
+        if self.held.len() < HELD_BEFORE_PAUSE {
+            self.held.push(item);
+            return LoneRefusal::Held;
+        }
+        let mut all = std::mem::take(&mut self.held);
+        all.push(item);
+        LoneRefusal::RequestRefused(all)
+    }
+
+    /// Every piece is answered: events still held were refused while the collector answered
+    /// the other pieces with a verdict of their own (a 413 for a lone event), so they are
+    /// quarantined as the collector asked.
+    pub fn finish(self) -> Vec<T> {
+        self.held
+    }
+
+    /// The split is abandoned (pause, offline, dismiss): the held events go back to the queue.
+    pub fn abandon(self) -> Vec<T> {
+        self.held
+    }
+}
+
+/// Accepted batches at the remembered size before it may grow by an eighth.
+pub const GROW_AFTER_ACCEPTED: u32 = 16;
+/// The longest wait between growth steps, in accepted batches: a limit that has been found
+/// again and again is still tried now and then, in case the proxy was reconfigured.
+pub const MAX_GROW_AFTER_ACCEPTED: u32 = 1024;
+
+/// The largest request body (bytes before compression, as `max_batch_bytes` counts them) that
+/// a new batch may have, learned from 413 answers.
+///
+/// The rule, in the spirit of SDKs that halve their batch cap on a 413 and keep it:
+/// - a 413 for a body of `b` bytes sets the limit to the largest body accepted since, if it is
+///   smaller than `b`, else to `b / 2` (the split halves are that size);
+/// - every [`GROW_AFTER_ACCEPTED`] accepted batches of at least half the limit let it grow by an
+///   eighth, up to `max_batch_bytes` again (then it is forgotten);
+/// - a 413 after such a growth step doubles the number of accepted batches the next step waits
+///   for (up to [`MAX_GROW_AFTER_ACCEPTED`]), so a proxy's fixed limit costs a few refused
+///   requests over the life of the spool, not one per batch, while a limit that was lifted is
+///   found again.
+///
+/// The proxy counts bytes on the wire; with `compression = none` those are the bytes counted
+/// here, and with gzip the ratio between the two is steady enough from one batch to the next
+/// for the same rule to converge.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SizeLimit {
+    configured: u64,
+    limit: u64,
+    accepted_max: u64,
+    streak: u32,
+    grow_after: u32,
+}
+
+impl SizeLimit {
+    /// Starts at the configured `max_batch_bytes`.
+    pub fn new(max_batch_bytes: u64) -> SizeLimit {
+        SizeLimit {
+            configured: max_batch_bytes,
+            limit: max_batch_bytes,
+            accepted_max: 0,
+            streak: 0,
+            grow_after: GROW_AFTER_ACCEPTED,
+        }
+    }
+
+    /// The body size a new batch may have now.
+    pub fn bytes(&self) -> u64 {
+        self.limit
+    }
+
+    /// A 413 for a body of `body_bytes`.
+    pub fn refused(&mut self, body_bytes: u64) {
+        if body_bytes > self.limit {
+            // A lone event over the limit: it says nothing about the batches that fit.
+            return;
+        }
+        if self.accepted_max >= body_bytes {
+            // The limit went down since: what was accepted before no longer tells.
+            self.accepted_max = 0;
+        }
+        let grown = self.limit < self.configured && self.accepted_max > 0;
+        if grown {
+            self.grow_after = self
+                .grow_after
+                .saturating_mul(2)
+                .min(MAX_GROW_AFTER_ACCEPTED);
+        }
+        self.limit = if self.accepted_max > 0 {
+            self.accepted_max
+        } else {
+            (body_bytes / 2).max(1)
+        };
+        self.streak = 0;
+    }
+
+    /// A 2xx for a body of `body_bytes`.
+    pub fn accepted(&mut self, body_bytes: u64) {
+        self.accepted_max = self.accepted_max.max(body_bytes);
+        if self.limit >= self.configured || body_bytes < self.limit / 2 {
+            return;
+        }
+        self.streak += 1;
+        if self.streak >= self.grow_after {
+            self.streak = 0;
+            self.limit = (self.limit + self.limit / 8).min(self.configured);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The request counts of a drain behind a fixed limit, batches cut at the current limit.
+    fn drain(limit_on_wire: u64, batches: usize, full_batch: u64) -> (usize, usize, SizeLimit) {
+        let mut size = SizeLimit::new(512 * 1024);
+        let (mut ok, mut refused) = (0, 0);
+        let mut pending: Vec<u64> = Vec::new();
+        for _ in 0..batches {
+            pending.push(full_batch.min(size.bytes()));
+            while let Some(b) = pending.pop() {
+                if b > limit_on_wire {
+                    refused += 1;
+                    size.refused(b);
+                    pending.push(b / 2);
+                    pending.push(b - b / 2);
+                } else {
+                    ok += 1;
+                    size.accepted(b);
+                }
+            }
+        }
+        (ok, refused, size)
+    }
+
+    #[test]
+    fn a_fixed_limit_costs_a_few_refusals_not_one_per_batch() {
+        let (ok, refused, size) = drain(16 * 1024, 200, 28_000);
+        assert!(size.bytes() <= 16 * 1024, "{size:?}");
+        assert!(
+            size.bytes() >= 12 * 1024,
+            "stays close to the limit: {size:?}"
+        );
+        assert!(refused * 20 <= ok, "{refused} refused for {ok} accepted");
+    }
+
+    #[test]
+    fn the_first_refusal_halves_and_a_refused_growth_returns_to_what_was_accepted() {
+        let mut size = SizeLimit::new(100_000);
+        size.refused(80_000);
+        assert_eq!(size.bytes(), 40_000);
+        for _ in 0..GROW_AFTER_ACCEPTED {
+            size.accepted(40_000);
+        }
+        assert_eq!(size.bytes(), 45_000);
+        size.refused(45_000);
+        assert_eq!(size.bytes(), 40_000, "back to the size that was accepted");
+        for _ in 0..GROW_AFTER_ACCEPTED {
+            size.accepted(40_000);
+        }
+        assert_eq!(size.bytes(), 40_000, "the next step waits twice as long");
+        for _ in 0..GROW_AFTER_ACCEPTED {
+            size.accepted(40_000);
+        }
+        assert_eq!(size.bytes(), 45_000);
+    }
+
+    #[test]
+    fn a_lifted_limit_is_grown_back_to_the_configured_size_and_forgotten() {
+        let mut size = SizeLimit::new(100_000);
+        size.refused(100_000);
+        for _ in 0..10_000 {
+            let b = size.bytes();
+            size.accepted(b);
+        }
+        assert_eq!(
+            size,
+            SizeLimit {
+                accepted_max: 100_000,
+                ..SizeLimit::new(100_000)
+            }
+        );
+    }
+
+    #[test]
+    fn small_batches_and_oversize_lone_events_teach_nothing() {
+        let mut size = SizeLimit::new(100_000);
+        size.refused(60_000);
+        let learned = size.clone();
+        for _ in 0..100 {
+            size.accepted(1_000);
+        }
+        assert_eq!(
+            size.bytes(),
+            learned.bytes(),
+            "small batches do not grow it"
+        );
+        size.refused(90_000);
+        assert_eq!(
+            size.bytes(),
+            learned.bytes(),
+            "a lone event above the limit"
+        );
+    }
+
+    #[test]
+    fn a_lower_limit_than_before_is_learned_afresh() {
+        let mut size = SizeLimit::new(100_000);
+        size.refused(100_000);
+        size.accepted(50_000);
+        size.refused(40_000);
+        assert_eq!(size.bytes(), 20_000);
+    }
+
+    #[test]
+    fn a_refusal_of_every_request_pauses_on_the_second_lone_event() {
+        let mut split = Split::new(100);
+        assert_eq!(split.lone_refusal("e0"), LoneRefusal::Held);
+        assert_eq!(
+            split.lone_refusal("e1"),
+            LoneRefusal::RequestRefused(vec!["e0", "e1"])
+        );
+    }
+
+    #[test]
+    fn an_accepted_sibling_releases_the_held_event_to_the_quarantine() {
+        let mut split = Split::new(100);
+        assert_eq!(split.lone_refusal("e0"), LoneRefusal::Held);
+        assert_eq!(split.accepted(), vec!["e0"]);
+        assert_eq!(split.lone_refusal("e7"), LoneRefusal::Quarantine("e7"));
+        assert_eq!(split.lone_refusal("e8"), LoneRefusal::Quarantine("e8"));
+        assert!(split.finish().is_empty());
+    }
+
+    #[test]
+    fn after_an_acceptance_every_lone_refusal_is_quarantined() {
+        let mut split = Split::new(4);
+        assert!(split.accepted().is_empty());
+        assert_eq!(split.lone_refusal(1), LoneRefusal::Quarantine(1));
+    }
+
+    #[test]
+    fn held_events_are_given_back_or_quarantined_at_the_end() {
+        let mut split = Split::new(3);
+        assert_eq!(split.lone_refusal("e0"), LoneRefusal::Held);
+        assert_eq!(split.abandon(), vec!["e0"]);
+        let mut split = Split::new(3);
+        assert_eq!(split.lone_refusal("e0"), LoneRefusal::Held);
+        assert_eq!(split.finish(), vec!["e0"]);
+        assert_eq!(Split::<u8>::new(5).events(), 5);
+    }
+}

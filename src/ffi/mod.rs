@@ -111,8 +111,8 @@ fn quietly(f: impl FnOnce()) {
 }
 
 /// The configuration of DESIGN §6. Every field but `endpoint` is optional: absent means the
-/// documented default.
-#[derive(Clone, Debug, Default, uniffi::Record)]
+/// documented default. `Debug` never shows the API key.
+#[derive(Clone, Default, uniffi::Record)]
 pub struct SpoolConfig {
     pub endpoint: String,
     #[uniffi(default)]
@@ -162,6 +162,62 @@ pub struct SpoolConfig {
     pub durability: Option<String>,
     #[uniffi(default)]
     pub allow_insecure_http: Option<bool>,
+}
+
+impl std::fmt::Debug for SpoolConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Destructured without `..`, so a new field must be placed here (and thought about).
+        let SpoolConfig {
+            endpoint,
+            api_key,
+            db_path,
+            memory_capacity,
+            max_disk_bytes,
+            max_event_bytes,
+            max_batch_events,
+            max_batch_bytes,
+            min_batch_interval_ms,
+            flush_at,
+            flush_interval_ms,
+            backoff_base_ms,
+            backoff_cap_ms,
+            max_auto_attempts,
+            max_retry_elapsed_ms,
+            attempt_timeout_ms,
+            retry_after_cap_ms,
+            max_event_age_ms,
+            quarantine_max_events,
+            quarantine_retention_ms,
+            compression,
+            durability,
+            allow_insecure_http,
+        } = self;
+        f.debug_struct("SpoolConfig")
+            .field("endpoint", endpoint)
+            .field("api_key", &crate::config::redacted_key(api_key))
+            .field("db_path", db_path)
+            .field("memory_capacity", memory_capacity)
+            .field("max_disk_bytes", max_disk_bytes)
+            .field("max_event_bytes", max_event_bytes)
+            .field("max_batch_events", max_batch_events)
+            .field("max_batch_bytes", max_batch_bytes)
+            .field("min_batch_interval_ms", min_batch_interval_ms)
+            .field("flush_at", flush_at)
+            .field("flush_interval_ms", flush_interval_ms)
+            .field("backoff_base_ms", backoff_base_ms)
+            .field("backoff_cap_ms", backoff_cap_ms)
+            .field("max_auto_attempts", max_auto_attempts)
+            .field("max_retry_elapsed_ms", max_retry_elapsed_ms)
+            .field("attempt_timeout_ms", attempt_timeout_ms)
+            .field("retry_after_cap_ms", retry_after_cap_ms)
+            .field("max_event_age_ms", max_event_age_ms)
+            .field("quarantine_max_events", quarantine_max_events)
+            .field("quarantine_retention_ms", quarantine_retention_ms)
+            .field("compression", compression)
+            .field("durability", durability)
+            .field("allow_insecure_http", allow_insecure_http)
+            .finish()
+    }
 }
 
 impl TryFrom<SpoolConfig> for Config {
@@ -537,6 +593,21 @@ mod tests {
             spool.shutdown(2_000).unwrap();
         }
         assert_eq!(collector.distinct_count(), 5);
+    }
+
+    #[test]
+    fn debug_never_prints_the_api_key() {
+        let record = SpoolConfig {
+            endpoint: "https://x.example/b".into(),
+            api_key: Some("sk-live-0123456789".into()),
+            ..Default::default()
+        };
+        let text = format!("{record:?} {record:#?}");
+        assert!(!text.contains("sk-live-0123456789"), "{text}");
+        assert!(text.contains("api_key"), "the field is still shown: {text}");
+        let config = Config::try_from(record).unwrap();
+        let text = format!("{config:?}");
+        assert!(!text.contains("sk-live-0123456789"), "{text}");
     }
 
     #[test]

@@ -417,6 +417,7 @@ impl Worker {
             headers,
             body,
             timeout,
+            max_response_bytes: crate::transport::response_bound(batch.events.len()),
         };
         s.counters.requests.fetch_add(1, Ordering::Relaxed);
         let mut shutdown = s.shutdown.subscribe();

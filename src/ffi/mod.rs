@@ -610,6 +610,48 @@ mod tests {
         assert!(!text.contains("sk-live-0123456789"), "{text}");
     }
 
+    /// The app's transport hands over whatever it read; the adapter keeps the batch's bound and
+    /// says when it cut, so a long 2xx is never mistaken for a whole one.
+    #[test]
+    fn a_foreign_answer_over_the_bound_comes_back_marked_cut() {
+        use crate::transport::{HttpRequest, Transport, response_bound};
+        struct Answers(usize);
+        impl foreign::HttpTransport for Answers {
+            fn send(
+                &self,
+                _request: foreign::TransportRequest,
+            ) -> Result<foreign::TransportResponse, foreign::HttpTransportError> {
+                Ok(foreign::TransportResponse {
+                    status: 200,
+                    headers: Default::default(),
+                    body: vec![b' '; self.0],
+                })
+            }
+        }
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let bound = response_bound(10);
+        for (len, cut) in [(bound, false), (bound + 1, true), (10 << 20, true)] {
+            let adapter = foreign::TransportAdapter(Arc::new(Answers(len)));
+            let request = HttpRequest {
+                method: "POST".into(),
+                url: "https://x.example/b".into(),
+                headers: Vec::new(),
+                body: Vec::new(),
+                timeout: std::time::Duration::from_secs(1),
+                max_response_bytes: bound,
+            };
+            let response = runtime.block_on(adapter.send(request)).unwrap();
+            assert_eq!(
+                (response.body.len(), response.truncated),
+                (len.min(bound), cut),
+                "{len}"
+            );
+        }
+    }
+
     #[test]
     fn panics_become_typed_errors() {
         let r: Result<(), SpoolError> = guard(|| panic!("boom"));

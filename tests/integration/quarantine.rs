@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use eventspool::collector::{Behavior, Scripted};
-use eventspool::{DropReason, EventSpool, ListFilter, Selector};
+use eventspool::{DeliveryState, DropReason, EventSpool, ListFilter, Selector};
 use serde_json::json;
 
 use crate::common::*;
@@ -234,4 +234,104 @@ fn quarantining_never_blocks_the_events_behind() {
     );
     assert!(spool.wait_drained(WAIT));
     assert!(collector.contains(&first));
+}
+
+/// The largest legal answer to a 1,000-event batch: every event listed in `rejected` with a
+/// reason of the longest length the SDK keeps (1 KiB), about 1.1 MB of JSON. Every listed event
+/// must end in the quarantine; none may be counted delivered.
+#[test]
+fn a_huge_rejected_list_quarantines_every_listed_event() {
+    let collector = collector();
+    let reason = "r".repeat(eventspool::classify::MAX_KEPT_BODY_BYTES);
+    collector.push_script([Scripted::RejectAll {
+        reason: reason.clone(),
+    }]);
+    let mut cfg = config(&collector);
+    cfg.max_batch_events = 1_000;
+    let spool = EventSpool::builder(cfg).start_offline().open().unwrap();
+    let mut ids = Vec::new();
+    for i in 0..1_000 {
+        ids.push(spool.track("refused", json!({"i": i})).unwrap().to_string());
+    }
+    spool.set_online(true);
+    assert!(spool.wait_drained(WAIT), "{}", spool.state());
+    let stats = spool.stats();
+    assert_eq!(
+        (
+            stats.delivered,
+            stats.quarantined,
+            collector.request_count()
+        ),
+        (0, 1_000, 1),
+        "one request, every listed event quarantined, none delivered: {stats:?}"
+    );
+    assert_eq!(collector.distinct_count(), 0);
+    let listed = spool.quarantine_list(&ListFilter::default()).unwrap();
+    assert_eq!(
+        listed
+            .iter()
+            .map(|q| q.event_id.clone())
+            .collect::<Vec<_>>(),
+        ids
+    );
+    assert!(
+        listed
+            .iter()
+            .all(|q| q.reason == "rejected" && q.detail == reason)
+    );
+    assert!(stats.balances(), "{stats:?}");
+}
+
+/// A 2xx whose body is longer than any legal answer to the batch is read only up to the bound;
+/// an answer cut short may name events it no longer shows, so it is never taken as "delivered":
+/// the batch is retried with the same ids (effect unknown), and nothing is counted until an
+/// answer is read whole.
+#[test]
+fn a_cut_short_2xx_is_never_taken_as_delivered() {
+    let collector = collector();
+    let (_clock, dyn_clock) = manual_clock();
+    let mut cfg = config(&collector);
+    cfg.max_batch_events = 10;
+    let spool = EventSpool::builder(cfg)
+        .clock(dyn_clock)
+        .start_offline()
+        .open()
+        .unwrap();
+    let mut ids = Vec::new();
+    for i in 0..10 {
+        ids.push(spool.track("e", json!({"i": i})).unwrap().to_string());
+    }
+    // A rejection of the first event whose reason is far past any bound: once cut, the body
+    // no longer parses, and on main it was read as "all delivered".
+    let body = format!(
+        r#"{{"accepted":9,"rejected":[{{"event_id":"{}","reason":"{}"}}]}}"#,
+        ids[0],
+        "x".repeat(4 << 20)
+    );
+    collector.push_script([Scripted::Status {
+        status: 200,
+        body,
+        headers: Vec::new(),
+    }]);
+    spool.set_online(true);
+    let status = wait_state(&spool, "a retry after the cut answer", |s| {
+        matches!(s, DeliveryState::RetryScheduled { attempt: 1, .. })
+    });
+    let stats = spool.stats();
+    assert_eq!(
+        (stats.delivered, stats.quarantined, status.pending),
+        (0, 0, 10),
+        "a cut-short 2xx counts nothing: {stats:?}"
+    );
+    let DeliveryState::RetryScheduled { last_error, .. } = status.state else {
+        unreachable!()
+    };
+    assert_eq!(last_error.status, Some(200), "{last_error}");
+    spool.retry_now();
+    assert!(spool.wait_drained(WAIT), "{}", spool.state());
+    assert_eq!(collector.distinct_count(), 10);
+    let requests = collector.requests();
+    assert_eq!(requests.len(), 2);
+    assert_eq!(requests[1].event_ids, ids, "resent with the same ids");
+    assert_eq!(spool.stats().delivered, 10);
 }

@@ -335,3 +335,122 @@ fn a_cut_short_2xx_is_never_taken_as_delivered() {
     assert_eq!(requests[1].event_ids, ids, "resent with the same ids");
     assert_eq!(spool.stats().delivered, 10);
 }
+
+/// Database plus WAL of a store, as the file system reports them (the `max_disk_bytes` measure).
+fn store_files_bytes(db: &std::path::Path) -> u64 {
+    let size = |p: std::path::PathBuf| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
+    size(db.to_path_buf()) + size(std::path::PathBuf::from(format!("{}-wal", db.display())))
+}
+
+/// Dead letters live inside `max_disk_bytes`, in a budget of their own: a collector that refuses
+/// everything never makes the file set outgrow the cap, the oldest dead letters go first (counted
+/// `quarantine_cap`), and live events that fit the live share are never evicted for them.
+#[test]
+fn dead_letters_have_their_own_budget_inside_the_disk_cap() {
+    const CAP: u64 = 256 * 1024;
+    let collector = collector();
+    collector.set_behavior(Behavior {
+        partial_reject_name: Some("refused".into()),
+        ..Default::default()
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("q.db");
+    let mut cfg = config(&collector);
+    cfg.db_path = Some(db.clone());
+    cfg.max_disk_bytes = CAP;
+    cfg.memory_capacity = 100;
+    cfg.max_batch_events = 50;
+    cfg.compression = eventspool::Compression::None;
+    let spool = EventSpool::open(cfg).unwrap();
+    let pad = "p".repeat(300);
+    let peak = std::cell::Cell::new(0);
+    let sample = |what: &str| {
+        let bytes = store_files_bytes(&db);
+        peak.set(peak.get().max(bytes));
+        assert!(
+            bytes <= CAP,
+            "{what}: store files {bytes} bytes over the cap {CAP}"
+        );
+    };
+    // Phase 1: 1,200 events (~500 KB of wire JSON), every one refused; they go out from memory,
+    // so only the quarantine writes to the store.
+    for step in 0..24 {
+        for i in 0..50 {
+            spool
+                .track("refused", json!({"step": step, "i": i, "pad": pad}))
+                .unwrap();
+        }
+        assert!(spool.wait_drained(WAIT), "{}", spool.state());
+        sample(&format!("step {step} drained"));
+    }
+    let stats = spool.stats();
+    assert_eq!(
+        (stats.delivered, stats.quarantined),
+        (0, 1_200),
+        "{stats:?}"
+    );
+    let kept = stats.quarantine.get("rejected").copied().unwrap_or(0);
+    assert!(kept > 0, "the newest dead letters are kept: {stats:?}");
+    assert_eq!(
+        stats.dropped(DropReason::QuarantineCap),
+        1_200 - kept,
+        "every dead letter is kept or counted quarantine_cap: {stats:?}"
+    );
+    let listed = spool.quarantine_list(&ListFilter::default()).unwrap();
+    let newest_step = |q: &eventspool::QuarantinedEvent| {
+        let v: serde_json::Value = serde_json::from_str(&q.body).unwrap();
+        v["properties"]["step"].as_u64().unwrap()
+    };
+    assert_eq!(listed.len() as u64, kept);
+    assert_eq!(newest_step(listed.last().unwrap()), 23, "oldest out first");
+    assert!(newest_step(&listed[0]) > 0, "the oldest went first");
+    assert!(stats.balances(), "{stats:?}");
+    eprintln!(
+        "phase 1: {kept} dead letters kept, peak {} bytes of {CAP}",
+        peak.get()
+    );
+
+    // Phase 2: offline, 150 live events (well inside the live share): none is evicted, and the
+    // dead letters inside their budget stay too.
+    spool.set_online(false);
+    for i in 0..150 {
+        spool.track("live", json!({"i": i, "pad": pad})).unwrap();
+        if i % 25 == 24 {
+            spool.persist().unwrap();
+            sample(&format!("live {i}"));
+        }
+    }
+    let stats = spool.stats();
+    assert_eq!(
+        stats.dropped(DropReason::DiskCap),
+        0,
+        "no live event evicted while dead letters hold space: {stats:?}"
+    );
+    assert_eq!(
+        (stats.pending, stats.quarantine.get("rejected").copied()),
+        (150, Some(kept))
+    );
+
+    // Phase 3: live events far past the cap: the oldest live go (disk_cap), the dead letters keep
+    // their budget, and the files stay under the cap.
+    for i in 0..3_000 {
+        spool.track("live", json!({"more": i, "pad": pad})).unwrap();
+        if i % 100 == 99 {
+            spool.persist().unwrap();
+            sample(&format!("more {i}"));
+        }
+    }
+    let stats = spool.stats();
+    assert!(stats.dropped(DropReason::DiskCap) > 0, "{stats:?}");
+    assert_eq!(
+        stats.quarantine.get("rejected").copied(),
+        Some(kept),
+        "{stats:?}"
+    );
+    assert_eq!(
+        stats.tracked,
+        stats.delivered + stats.quarantined + stats.dropped_from_queue() + stats.pending
+    );
+    assert!(stats.balances(), "{stats:?}");
+    eprintln!("peak {} bytes of {CAP}; {stats:?}", peak.get());
+}

@@ -283,12 +283,18 @@ impl Store {
     /// budget existed), otherwise queued events, which are then the ones over their share.
     fn enforce_cap(&self, tx: &Transaction<'_>, leased: &[u64]) -> Result<(u64, u64)> {
         let (mut evicted, mut evicted_quarantine) = (0u64, 0u64);
+        // Measured again only after dead letters went: evicting queued rows does not change it.
+        let mut measured: Option<u64> = None;
         for _ in 0..10_000 {
             let excess = db_excess(tx, self.page_size, self.budget.db_bytes)?;
             if excess == 0 {
                 break;
             }
-            let dead_over = QuarantineSql::used_bytes(tx)?.saturating_sub(self.budget.dead_bytes);
+            let dead_over = match measured {
+                Some(over) => over,
+                None => QuarantineSql::used_bytes(tx)?.saturating_sub(self.budget.dead_bytes),
+            };
+            measured = Some(dead_over);
             let want = (excess / 256).clamp(8, 4096);
             if dead_over == 0 {
                 let n = evict_oldest(tx, want, leased)?;
@@ -308,6 +314,7 @@ impl Store {
                 break;
             }
             evicted_quarantine += q;
+            measured = None;
         }
         if evicted > 0 {
             bump(tx, counter::DISK_CAP, evicted)?;
@@ -673,5 +680,48 @@ mod tests {
             "{used} over {}",
             store.budget.dead_bytes
         );
+    }
+
+    /// The spill path: dead letters over their budget (here: a store filled under a larger cap)
+    /// are what goes first at the cap, not the queued events.
+    #[test]
+    fn at_the_cap_dead_letters_over_budget_go_before_queued_events() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db");
+        let mut seq = 0;
+        let mut dead = |n: usize| -> Vec<QuarantinedEvent> {
+            (0..n)
+                .map(|_| {
+                    seq += 1;
+                    let e = event(seq, 800);
+                    QuarantinedEvent::new(&e, "rejected", String::new(), Some(200), 1, 0)
+                })
+                .collect()
+        };
+        {
+            let big = Store::open(&path, 10 << 20, 0).unwrap().store;
+            let batch = dead(400);
+            let e = big
+                .with_quarantine(|q| q.add(&batch, 1_000_000, i64::MIN))
+                .unwrap();
+            assert_eq!(e.cap, 0);
+            big.release_ownership();
+        }
+        const CAP: u64 = 256 * 1024;
+        let store = Store::open(&path, CAP, 0).unwrap().store;
+        let live: Vec<_> = (100_000..100_200).map(|s| event(s, 300)).collect();
+        let report = store.insert(&live).unwrap();
+        assert_eq!(report.evicted, 0, "no queued event evicted: {report:?}");
+        assert!(report.evicted_quarantine > 0, "{report:?}");
+        assert_eq!(store.oldest(1_000).unwrap().len(), 200);
+        let used = store
+            .with_quarantine(|q| QuarantineSql::used_bytes(q.tx()))
+            .unwrap();
+        assert!(
+            used <= store.budget.dead_bytes,
+            "{used} over {}",
+            store.budget.dead_bytes
+        );
+        assert!(store.disk_usage() <= CAP, "{}", store.disk_usage());
     }
 }

@@ -496,22 +496,42 @@ fn opt_out_stops_tracking_and_purge_deletes_the_queue() {
     let mut cfg = config(&collector);
     cfg.db_path = Some(dir.path().join("e.db"));
     cfg.memory_capacity = 10;
-    let spool = EventSpool::builder(cfg).start_offline().open().unwrap();
+    let (clock, dyn_clock) = manual_clock();
+    let recorder = Arc::new(Recorder::default());
+    let spool = EventSpool::builder(cfg)
+        .clock(dyn_clock)
+        .observer(recorder.clone())
+        .start_offline()
+        .open()
+        .unwrap();
     for i in 0..50 {
         spool.track("before", json!({"i": i})).unwrap();
     }
     spool.set_enabled(false);
+    wait_state(&spool, "disabled", |s| *s == DeliveryState::Disabled);
     assert!(matches!(
         spool.track("after", json!({})),
         Err(eventspool::Error::Disabled)
     ));
-    assert_eq!(spool.purge_pending().unwrap(), 50);
+    // 50 queued, online, asked to send, the clock past every timer: still nothing is sent.
     spool.set_online(true);
-    wait_state(&spool, "disabled", |s| *s == DeliveryState::Disabled);
-    std::thread::sleep(Duration::from_millis(100));
+    spool.flush();
+    spool.retry_now();
+    clock.advance(PAST_EVERY_TIMER);
+    assert_eq!(spool.purge_pending().unwrap(), 50);
+    // The known point: the worker shows the purge (a no-op wake makes it publish).
+    spool.dismiss();
+    let purged_shown = || {
+        recorder
+            .seen()
+            .iter()
+            .any(|s| s.state == DeliveryState::Disabled && s.pending == 0)
+    };
+    spool.wait_for(WAIT, |_| purged_shown());
+    assert!(purged_shown(), "{}", spool.state());
     assert_eq!(
-        collector.request_count(),
-        0,
+        (collector.request_count(), spool.stats().requests),
+        (0, 0),
         "nothing queued is sent after opt-out"
     );
     let stats = spool.stats();

@@ -1,10 +1,12 @@
 //! Operating on a store file without a running spool: what an operator's tool needs to look at
 //! a device's backlog and triage its quarantine.
 //!
-//! Two ways in. [`inspect`] only reads: it opens SQLite read-only, takes no owner lock and waits
-//! on a busy store for a bounded time, so it can report on a store another process is using
-//! without disturbing it. [`StoreAdmin`] changes things (redrive, purge), so it becomes the
-//! store's owner exactly as a spool would, and is refused while a spool holds the store.
+//! Two ways in. [`inspect`], [`quarantine_list`] and [`quarantine_get`] only read: they open
+//! SQLite read-only, take no owner lock and wait on a busy store for a bounded time, so they can
+//! report on a store another process is using without disturbing it, and a damaged file is
+//! reported, never moved aside or replaced (that is the owner's recovery, not a reader's).
+//! [`StoreAdmin`] changes things (redrive, purge), so it becomes the store's owner exactly as a
+//! spool would, and is refused while a spool holds the store.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -36,43 +38,73 @@ pub struct StoreStatus {
     pub dropped: BTreeMap<String, u64>,
 }
 
-/// Reads a store's status without becoming its owner; safe while a spool is using it.
-pub fn inspect(path: &Path) -> Result<StoreStatus> {
+/// Opens an existing store read-only and checks it is one of ours; every error names the file.
+fn open_read_only(path: &Path) -> Result<Connection> {
     if !path.exists() {
         return Err(Error::NotFound(format!("no store at {}", path.display())));
     }
-    let mut conn = Connection::open_with_flags(
+    let named = |e: rusqlite::Error| Error::Storage(format!("cannot read {}: {e}", path.display()));
+    let conn = Connection::open_with_flags(
         path,
         OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )
     .map_err(|e| Error::Storage(format!("cannot open {} read-only: {e}", path.display())))?;
-    conn.busy_timeout(INSPECT_BUSY_TIMEOUT)?;
+    conn.busy_timeout(INSPECT_BUSY_TIMEOUT).map_err(named)?;
     // The same recognition the store's opener uses: a foreign, newer or empty file is not read.
-    match schema::inspect(&conn)? {
-        Ok(version) if version > 0 => {}
-        Ok(_) => {
-            return Err(Error::Storage(format!(
-                "{} is not an eventspool store",
-                path.display()
-            )));
-        }
-        Err(unusable) => return Err(Error::Storage(format!("{}: {unusable}", path.display()))),
+    match schema::inspect(&conn).map_err(named)? {
+        Ok(version) if version > 0 => Ok(conn),
+        Ok(_) => Err(Error::Storage(format!(
+            "{} is not an eventspool store",
+            path.display()
+        ))),
+        Err(unusable) => Err(Error::Storage(format!("{}: {unusable}", path.display()))),
     }
+}
+
+/// Runs `f` in one read transaction of a store opened read-only, naming the file on error.
+fn read<T>(path: &Path, f: impl FnOnce(&rusqlite::Transaction<'_>) -> Result<T>) -> Result<T> {
+    let mut conn = open_read_only(path)?;
+    let named = |e: Error| match e {
+        Error::Storage(m) if !m.contains(&path.display().to_string()) => {
+            Error::Storage(format!("cannot read {}: {m}", path.display()))
+        }
+        other => other,
+    };
+    let tx = conn.transaction().map_err(Error::from).map_err(named)?;
+    let out = f(&tx).map_err(named)?;
+    tx.commit().map_err(Error::from).map_err(named)?;
+    Ok(out)
+}
+
+/// Quarantined events, oldest first, read without becoming the owner: the file is never changed.
+pub fn quarantine_list(path: &Path, filter: &ListFilter) -> Result<Vec<QuarantinedEvent>> {
+    read(path, |tx| QuarantineSql::new(tx).list(filter))
+}
+
+/// One quarantined event, read without becoming the owner: the file is never changed.
+pub fn quarantine_get(path: &Path, event_id: &str) -> Result<Option<QuarantinedEvent>> {
+    read(path, |tx| QuarantineSql::new(tx).get(event_id))
+}
+
+/// Reads a store's status without becoming its owner; safe while a spool is using it.
+pub fn inspect(path: &Path) -> Result<StoreStatus> {
     // One read transaction, so the figures agree with each other.
-    let tx = conn.transaction()?;
+    read(path, |tx| status_of(tx, path))
+}
+
+fn status_of(tx: &rusqlite::Transaction<'_>, path: &Path) -> Result<StoreStatus> {
     let (pending, oldest_ms, newest_ms): (i64, Option<i64>, Option<i64>) =
         tx.query_row("SELECT count(*), min(ts), max(ts) FROM events", [], |r| {
             Ok((r.get(0)?, r.get(1)?, r.get(2)?))
         })?;
-    let quarantine = QuarantineSql::new(&tx).counts()?;
+    let quarantine = QuarantineSql::new(tx).counts()?;
     let dropped = pairs(
-        &tx,
+        tx,
         "SELECT name, value FROM counters WHERE name LIKE 'dropped.%'",
     )?
     .into_iter()
     .map(|(k, v)| (k.trim_start_matches("dropped.").to_string(), v))
     .collect();
-    tx.commit()?;
     Ok(StoreStatus {
         pending: pending as u64,
         bytes: crate::store::disk_usage(path),

@@ -1,5 +1,20 @@
 //! The classification table of DESIGN §3, in one place: every way an attempt can end, mapped to
 //! what the SDK does next. Pure functions of the response, tested row by row.
+//!
+//! | answer | outcome |
+//! |---|---|
+//! | 2xx read whole, without a `rejected` list (empty, other JSON, not JSON) | `Delivered` |
+//! | 2xx read whole, with a non-empty `rejected` list | `Partial` (reasons cut to 1 KiB) |
+//! | 2xx cut short: longer than the bound for its batch, or torn mid-body | `Transient`: effect unknown, resent with the same ids |
+//! | 400, 422 / 413 | `Poisoned` (split, or quarantine one event) |
+//! | 408, 425, 429, 5xx, no answer at all | `Transient` (429/503 honour `Retry-After`) |
+//! | 401, 403 | `Auth` (pause) |
+//! | other 4xx, 3xx | `Config` (pause) |
+//!
+//! A cut 2xx is not a success: the part not read may list refused events, and deleting those as
+//! delivered would lose them. The read bound ([`crate::transport::response_bound`]) fits the
+//! largest legal answer to the batch sent, so only a collector breaking the protocol (or a
+//! connection breaking mid-answer) gets here; resending costs a duplicate the collector dedups.
 
 use std::time::SystemTime;
 
@@ -13,7 +28,7 @@ pub const MAX_KEPT_BODY_BYTES: usize = 1024;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Outcome {
-    /// 2xx without a `rejected` list: the whole batch is delivered.
+    /// 2xx read whole, without a `rejected` list: the whole batch is delivered.
     Delivered,
     /// 2xx listing some events as refused for good: those go to quarantine, the rest are delivered.
     Partial { rejected: Vec<Rejection> },
@@ -24,7 +39,8 @@ pub enum Outcome {
         too_large: bool,
         detail: String,
     },
-    /// 408, 425, 429, 5xx, or no response at all: try again later with the same ids.
+    /// 408, 425, 429, 5xx, no response at all, or a 2xx cut short: try again later with the
+    /// same ids.
     Transient {
         failure: Failure,
         retry_after_ms: Option<u64>,
@@ -85,9 +101,26 @@ pub fn classify(result: &Result<HttpResponse, TransportError>, now: SystemTime) 
         message: body_excerpt(&response.body),
     };
     match status {
+        200..=299 if response.truncated => Outcome::Transient {
+            failure: Failure {
+                status: Some(status),
+                message: format!(
+                    "answer cut short after {} bytes; delivery unknown, resending",
+                    response.body.len()
+                ),
+            },
+            retry_after_ms: None,
+        },
         200..=299 => match serde_json::from_slice::<PartialBody>(&response.body) {
             Ok(body) if !body.rejected.is_empty() => Outcome::Partial {
-                rejected: body.rejected,
+                rejected: body
+                    .rejected
+                    .into_iter()
+                    .map(|r| Rejection {
+                        reason: cut(&r.reason, MAX_KEPT_BODY_BYTES).to_string(),
+                        event_id: r.event_id,
+                    })
+                    .collect(),
             },
             _ => Outcome::Delivered,
         },
@@ -105,6 +138,15 @@ pub fn classify(result: &Result<HttpResponse, TransportError>, now: SystemTime) 
         401 | 403 => Outcome::Auth { failure: failure() },
         _ => Outcome::Config { failure: failure() },
     }
+}
+
+/// At most `max` bytes of `text`, cut at a character boundary.
+fn cut(text: &str, max: usize) -> &str {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
 }
 
 /// The first KiB of a body as text, cut at a character boundary, for diagnosis.
@@ -125,8 +167,49 @@ mod tests {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
             body: body.as_bytes().to_vec(),
+            truncated: false,
         };
         classify(&Ok(response), SystemTime::now())
+    }
+
+    fn cut_answer(status: u16, body: &str) -> Outcome {
+        let response = HttpResponse {
+            status,
+            body: body.as_bytes().to_vec(),
+            truncated: true,
+            ..Default::default()
+        };
+        classify(&Ok(response), SystemTime::now())
+    }
+
+    #[test]
+    fn a_cut_short_2xx_is_transient_never_delivered() {
+        for body in ["", "not json", r#"{"rejected":[{"event_id":"a","re"#, "{}"] {
+            match cut_answer(200, body) {
+                Outcome::Transient { failure, .. } => {
+                    assert_eq!(failure.status, Some(200));
+                    assert!(failure.message.contains("cut short"), "{failure}");
+                }
+                other => panic!("{body:?}: {other:?}"),
+            }
+        }
+        // Whatever else is cut keeps its own row: the status decides, the body is only detail.
+        assert!(matches!(cut_answer(503, "x"), Outcome::Transient { .. }));
+        assert!(matches!(cut_answer(400, "x"), Outcome::Poisoned { .. }));
+        assert!(matches!(cut_answer(401, "x"), Outcome::Auth { .. }));
+    }
+
+    #[test]
+    fn rejection_reasons_are_kept_to_a_kib() {
+        let long = "é".repeat(2000);
+        let body = serde_json::json!({"rejected": [{"event_id": "a", "reason": long}]}).to_string();
+        match answer(200, &body, &[]) {
+            Outcome::Partial { rejected } => {
+                assert!(rejected[0].reason.len() <= MAX_KEPT_BODY_BYTES);
+                assert!(rejected[0].reason.len() >= MAX_KEPT_BODY_BYTES - 1);
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

@@ -38,7 +38,8 @@ pub enum Durability {
 
 /// A validated configuration. Build it with [`Config::new`] and the `with_*`-free field access,
 /// or [`Config::set`] by name; [`crate::EventSpool::open`] validates it again before use.
-#[derive(Clone, Debug)]
+/// `Debug` shows whether an API key is set, never the key (configs end up in logs and panics).
+#[derive(Clone)]
 pub struct Config {
     pub endpoint: String,
     pub api_key: Option<String>,
@@ -71,6 +72,74 @@ pub struct Config {
     pub compression: Compression,
     pub durability: Durability,
     pub allow_insecure_http: bool,
+}
+
+/// How `Debug` shows an API key: whether there is one, never its text.
+pub(crate) fn redacted_key(key: &Option<String>) -> Option<&'static str> {
+    key.as_ref().map(|_| "<redacted>")
+}
+
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Destructured without `..`: a new field fails to compile here until it is shown, so
+        // the redaction cannot be bypassed by a field added later with a derive in mind.
+        let Config {
+            endpoint,
+            api_key,
+            db_path,
+            memory_capacity,
+            max_disk_bytes,
+            max_event_bytes,
+            max_batch_events,
+            max_batch_bytes,
+            min_batch_interval_ms,
+            flush_at,
+            flush_interval_ms,
+            backoff_base_ms,
+            backoff_cap_ms,
+            max_auto_attempts,
+            max_retry_elapsed_ms,
+            probe_base_ms,
+            probe_cap_ms,
+            attempt_timeout_ms,
+            retry_after_cap_ms,
+            max_event_age_ms,
+            max_event_sends,
+            quarantine_max_events,
+            quarantine_retention_ms,
+            compression,
+            durability,
+            allow_insecure_http,
+        } = self;
+        f.debug_struct("Config")
+            .field("endpoint", endpoint)
+            .field("api_key", &redacted_key(api_key))
+            .field("db_path", db_path)
+            .field("memory_capacity", memory_capacity)
+            .field("max_disk_bytes", max_disk_bytes)
+            .field("max_event_bytes", max_event_bytes)
+            .field("max_batch_events", max_batch_events)
+            .field("max_batch_bytes", max_batch_bytes)
+            .field("min_batch_interval_ms", min_batch_interval_ms)
+            .field("flush_at", flush_at)
+            .field("flush_interval_ms", flush_interval_ms)
+            .field("backoff_base_ms", backoff_base_ms)
+            .field("backoff_cap_ms", backoff_cap_ms)
+            .field("max_auto_attempts", max_auto_attempts)
+            .field("max_retry_elapsed_ms", max_retry_elapsed_ms)
+            .field("probe_base_ms", probe_base_ms)
+            .field("probe_cap_ms", probe_cap_ms)
+            .field("attempt_timeout_ms", attempt_timeout_ms)
+            .field("retry_after_cap_ms", retry_after_cap_ms)
+            .field("max_event_age_ms", max_event_age_ms)
+            .field("max_event_sends", max_event_sends)
+            .field("quarantine_max_events", quarantine_max_events)
+            .field("quarantine_retention_ms", quarantine_retention_ms)
+            .field("compression", compression)
+            .field("durability", durability)
+            .field("allow_insecure_http", allow_insecure_http)
+            .finish()
+    }
 }
 
 /// Every name [`Config::set`] accepts, in DESIGN §6 order (the CLI lists them in its help).
@@ -445,6 +514,16 @@ mod tests {
         c.validate().unwrap();
         assert!(Config::new("ftp://x").validate().is_err());
         assert!(Config::new("not a url").validate().is_err());
+    }
+
+    #[test]
+    fn debug_never_prints_the_api_key() {
+        let mut c = Config::new("https://x.example");
+        c.api_key = Some("sk-live-0123456789".into());
+        let text = format!("{c:?} {c:#?}");
+        assert!(!text.contains("sk-live-0123456789"), "{text}");
+        assert!(text.contains("api_key"), "the field is still shown: {text}");
+        assert!(text.contains("https://x.example"), "{text}");
     }
 
     #[test]

@@ -340,12 +340,20 @@ impl Shared {
     }
 
     /// Stores quarantined events (SQLite or memory) and applies the quarantine's limits.
-    pub fn add_to_quarantine(&self, entries: Vec<QuarantinedEvent>) -> Result<()> {
+    /// `from_queue` are the store seqs of those events, deleted from the queue in the same
+    /// transaction (see [`crate::store::Store::with_quarantine_moving`]).
+    pub fn add_to_quarantine(
+        &self,
+        entries: Vec<QuarantinedEvent>,
+        from_queue: &[u64],
+    ) -> Result<()> {
         let now = self.clock.wall_ms();
         let cutoff = now.saturating_sub(self.config.quarantine_retention_ms as i64);
         let max = self.config.quarantine_max_events;
         let evicted = match &self.store {
-            Some(store) => store.with_quarantine(|q| q.add(&entries, max, cutoff))?,
+            Some(store) => {
+                store.with_quarantine_moving(from_queue, |q| q.add(&entries, max, cutoff))?
+            }
             None => lock(&self.memory_quarantine).add(entries, max, cutoff),
         };
         self.counters.drop(DropReason::QuarantineCap, evicted.cap);

@@ -591,6 +591,7 @@ impl Worker {
             headers,
             body,
             timeout,
+            max_response_bytes: crate::transport::response_bound(batch.events.len()),
         };
         s.counters.requests.fetch_add(1, Ordering::Relaxed);
         let mut shutdown = s.shutdown.subscribe();
@@ -804,7 +805,10 @@ impl Worker {
             .iter()
             .map(|(e, _)| QuarantinedEvent::new(e, why, detail.clone(), status, attempts, now))
             .collect();
-        if let Err(e) = self.s.add_to_quarantine(entries) {
+        if let Err(e) = self
+            .s
+            .add_to_quarantine(entries, &seqs_by_origin(&events).1)
+        {
             // Without a place to keep them, they stay queued rather than vanish.
             tracing::error!(error = %e, "could not quarantine events; keeping them queued");
             self.s.return_to_queue(&events);

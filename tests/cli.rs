@@ -551,3 +551,54 @@ fn flush_names_each_expired_event_on_stderr() {
         );
     }
 }
+
+/// `dlq list` and `dlq show` only read: an unreadable store is reported (exit 1, the file named)
+/// and left exactly as it was, never moved aside or replaced by a fresh store.
+#[test]
+fn dlq_list_and_show_never_change_an_unreadable_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("broken.db");
+    let garbage: Vec<u8> = (0..16_384u32).map(|i| (i * 7 + 13) as u8).collect();
+    std::fs::write(&db, &garbage).unwrap();
+    let files = |dir: &Path| {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    };
+    for args in [
+        vec!["dlq", "list", "--db", s(&db)],
+        vec![
+            "dlq",
+            "show",
+            "--db",
+            s(&db),
+            "01932f5e-7a1b-7c3d-8e4f-0123456789ab",
+        ],
+    ] {
+        let out = run(&args);
+        assert_eq!(
+            out.code, 1,
+            "{args:?}: stdout {} stderr {}",
+            out.stdout, out.stderr
+        );
+        assert!(
+            out.stderr.contains(s(&db)),
+            "{args:?}: the error names the file: {}",
+            out.stderr
+        );
+        assert!(out.stdout.is_empty(), "{args:?}: {}", out.stdout);
+        assert_eq!(
+            std::fs::read(&db).unwrap(),
+            garbage,
+            "{args:?}: the file's bytes are unchanged"
+        );
+        assert_eq!(
+            files(dir.path()),
+            ["broken.db"],
+            "{args:?}: nothing moved aside or created"
+        );
+    }
+}

@@ -26,6 +26,7 @@ fuzz_target!(|data: &[u8]| {
             status,
             headers,
             body,
+            truncated: data[1] & 1 == 1,
         }),
         SystemTime::now(),
     );

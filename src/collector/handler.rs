@@ -213,6 +213,21 @@ pub(super) async fn handle(
             // Ends only when the connection task is aborted (outage or shutdown).
             std::future::pending().await
         }
+        Some(Scripted::RejectAll { reason }) => {
+            let reply = match &body {
+                Body::Batch(events) => {
+                    let rejected: Vec<_> = events
+                        .iter()
+                        .map(|e| json!({ "event_id": e.event_id, "reason": reason }))
+                        .collect();
+                    Reply::json(200, json!({ "accepted": 0, "rejected": rejected }))
+                }
+                _ => Reply::error(400, "scripted rejection of an unreadable batch"),
+            };
+            let status = reply.status;
+            pending.finish(Some(status), "scripted reject all");
+            Ok(reply.into_response(None))
+        }
         Some(Scripted::Delay(d)) => {
             tokio::time::sleep(d).await;
             Ok(by_behavior(&shared, &mut pending, &parts.headers, body).await)

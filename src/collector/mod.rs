@@ -131,6 +131,9 @@ pub enum Scripted {
     Delay(Duration),
     /// Never answer; the connection stays open until an outage or shutdown.
     Hang,
+    /// Answer 200 listing every event of the batch in `rejected`, each with this `reason`, and
+    /// store none: the largest legal answer to a batch, for clients that bound what they read.
+    RejectAll { reason: String },
 }
 
 impl Scripted {
@@ -182,9 +185,10 @@ pub struct RequestRecord {
     pub event_ids: Vec<String>,
     pub timestamps: Vec<String>,
     pub names: Vec<String>,
-    /// Short verdict: "stored", "partial", "scripted 503", "injected 503", "poison",
-    /// "too large", "unauthorized", "bad json", "bad gzip", "unsupported encoding",
-    /// "method not allowed", "storage error", "dropped", "hung", "abandoned".
+    /// Short verdict: "stored", "partial", "scripted 503", "scripted reject all",
+    /// "injected 503", "poison", "too large", "unauthorized", "bad json", "bad gzip",
+    /// "unsupported encoding", "method not allowed", "storage error", "dropped", "hung",
+    /// "abandoned".
     pub outcome: String,
 }
 

@@ -14,7 +14,7 @@ use futures_util::future::BoxFuture;
 
 use super::types::{DeliveryStatus, SpoolNotice};
 use crate::state;
-use crate::transport::{self, MAX_RESPONSE_BYTES, Transport, TransportError};
+use crate::transport::{self, Transport, TransportError};
 
 /// What an observer may throw. Any exception is accepted: an undeclared one arrives as
 /// `Unexpected`. Either way it is logged, counted in `callback_errors`, and ignored.
@@ -137,6 +137,7 @@ impl Transport for TransportAdapter {
         request: transport::HttpRequest,
     ) -> BoxFuture<'static, Result<transport::HttpResponse, TransportError>> {
         let foreign = self.0.clone();
+        let bound = request.max_response_bytes;
         Box::pin(async move {
             let call = TransportRequest {
                 method: request.method,
@@ -149,11 +150,13 @@ impl Transport for TransportAdapter {
             let joined = tokio::task::spawn_blocking(move || foreign.send(call)).await;
             match joined {
                 Ok(Ok(mut response)) => {
-                    response.body.truncate(MAX_RESPONSE_BYTES);
+                    let truncated = response.body.len() > bound;
+                    response.body.truncate(bound);
                     Ok(transport::HttpResponse {
                         status: response.status,
                         headers: response.headers.into_iter().collect(),
                         body: response.body,
+                        truncated,
                     })
                 }
                 Ok(Err(e)) => Err(e.into()),

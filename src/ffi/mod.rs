@@ -111,8 +111,8 @@ fn quietly(f: impl FnOnce()) {
 }
 
 /// The configuration of DESIGN §6. Every field but `endpoint` is optional: absent means the
-/// documented default.
-#[derive(Clone, Debug, Default, uniffi::Record)]
+/// documented default. `Debug` never shows the API key.
+#[derive(Clone, Default, uniffi::Record)]
 pub struct SpoolConfig {
     pub endpoint: String,
     #[uniffi(default)]
@@ -169,6 +169,68 @@ pub struct SpoolConfig {
     pub durability: Option<String>,
     #[uniffi(default)]
     pub allow_insecure_http: Option<bool>,
+}
+
+impl std::fmt::Debug for SpoolConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Destructured without `..`, so a new field must be placed here (and thought about).
+        let SpoolConfig {
+            endpoint,
+            api_key,
+            db_path,
+            memory_capacity,
+            max_disk_bytes,
+            max_event_bytes,
+            max_batch_events,
+            max_batch_bytes,
+            min_batch_interval_ms,
+            flush_at,
+            flush_interval_ms,
+            backoff_base_ms,
+            backoff_cap_ms,
+            max_auto_attempts,
+            max_retry_elapsed_ms,
+            probe_base_ms,
+            probe_cap_ms,
+            attempt_timeout_ms,
+            retry_after_cap_ms,
+            max_event_age_ms,
+            max_event_sends,
+            quarantine_max_events,
+            quarantine_retention_ms,
+            compression,
+            durability,
+            allow_insecure_http,
+        } = self;
+        f.debug_struct("SpoolConfig")
+            .field("endpoint", endpoint)
+            .field("api_key", &crate::config::redacted_key(api_key))
+            .field("db_path", db_path)
+            .field("memory_capacity", memory_capacity)
+            .field("max_disk_bytes", max_disk_bytes)
+            .field("max_event_bytes", max_event_bytes)
+            .field("max_batch_events", max_batch_events)
+            .field("max_batch_bytes", max_batch_bytes)
+            .field("min_batch_interval_ms", min_batch_interval_ms)
+            .field("flush_at", flush_at)
+            .field("flush_interval_ms", flush_interval_ms)
+            .field("backoff_base_ms", backoff_base_ms)
+            .field("backoff_cap_ms", backoff_cap_ms)
+            .field("max_auto_attempts", max_auto_attempts)
+            .field("max_retry_elapsed_ms", max_retry_elapsed_ms)
+            .field("probe_base_ms", probe_base_ms)
+            .field("probe_cap_ms", probe_cap_ms)
+            .field("attempt_timeout_ms", attempt_timeout_ms)
+            .field("retry_after_cap_ms", retry_after_cap_ms)
+            .field("max_event_age_ms", max_event_age_ms)
+            .field("max_event_sends", max_event_sends)
+            .field("quarantine_max_events", quarantine_max_events)
+            .field("quarantine_retention_ms", quarantine_retention_ms)
+            .field("compression", compression)
+            .field("durability", durability)
+            .field("allow_insecure_http", allow_insecure_http)
+            .finish()
+    }
 }
 
 impl TryFrom<SpoolConfig> for Config {
@@ -566,6 +628,63 @@ mod tests {
             spool.shutdown(2_000).unwrap();
         }
         assert_eq!(collector.distinct_count(), 5);
+    }
+
+    #[test]
+    fn debug_never_prints_the_api_key() {
+        let record = SpoolConfig {
+            endpoint: "https://x.example/b".into(),
+            api_key: Some("sk-live-0123456789".into()),
+            ..Default::default()
+        };
+        let text = format!("{record:?} {record:#?}");
+        assert!(!text.contains("sk-live-0123456789"), "{text}");
+        assert!(text.contains("api_key"), "the field is still shown: {text}");
+        let config = Config::try_from(record).unwrap();
+        let text = format!("{config:?}");
+        assert!(!text.contains("sk-live-0123456789"), "{text}");
+    }
+
+    /// The app's transport hands over whatever it read; the adapter keeps the batch's bound and
+    /// says when it cut, so a long 2xx is never mistaken for a whole one.
+    #[test]
+    fn a_foreign_answer_over_the_bound_comes_back_marked_cut() {
+        use crate::transport::{HttpRequest, Transport, response_bound};
+        struct Answers(usize);
+        impl foreign::HttpTransport for Answers {
+            fn send(
+                &self,
+                _request: foreign::TransportRequest,
+            ) -> Result<foreign::TransportResponse, foreign::HttpTransportError> {
+                Ok(foreign::TransportResponse {
+                    status: 200,
+                    headers: Default::default(),
+                    body: vec![b' '; self.0],
+                })
+            }
+        }
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let bound = response_bound(10);
+        for (len, cut) in [(bound, false), (bound + 1, true), (10 << 20, true)] {
+            let adapter = foreign::TransportAdapter(Arc::new(Answers(len)));
+            let request = HttpRequest {
+                method: "POST".into(),
+                url: "https://x.example/b".into(),
+                headers: Vec::new(),
+                body: Vec::new(),
+                timeout: std::time::Duration::from_secs(1),
+                max_response_bytes: bound,
+            };
+            let response = runtime.block_on(adapter.send(request)).unwrap();
+            assert_eq!(
+                (response.body.len(), response.truncated),
+                (len.min(bound), cut),
+                "{len}"
+            );
+        }
     }
 
     #[test]

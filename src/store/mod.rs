@@ -22,6 +22,7 @@ use crate::error::{Error, Result};
 use crate::event::{EventId, QueuedEvent, SendNote};
 use crate::shared::lock;
 
+use quarantine_sql::ByteLimits;
 pub use quarantine_sql::QuarantineSql;
 
 /// Counter names persisted in the `counters` table.
@@ -32,12 +33,18 @@ pub mod counter {
     pub const QUARANTINE_EXPIRED: &str = "dropped.quarantine_expired";
 }
 
-/// How `max_disk_bytes` is shared between the database file and its WAL, and how much one
-/// transaction may write so the WAL stays inside its share between checkpoints.
+/// How `max_disk_bytes` is shared between the database file and its WAL, how much of the
+/// database the dead letters may take, and how much one transaction may write so the WAL stays
+/// inside its share between checkpoints.
+///
+/// The dead letters' budget is a quarter of the database's share: they never take more (the
+/// oldest go first, `quarantine_cap`), and queued events, which may use the rest and any of it
+/// the dead letters leave free, are never evicted to make room for them.
 #[derive(Clone, Copy, Debug)]
 struct DiskBudget {
     cap: u64,
     db_bytes: u64,
+    dead_bytes: u64,
     wal_bytes: u64,
     txn_bytes: u64,
 }
@@ -45,9 +52,11 @@ struct DiskBudget {
 impl DiskBudget {
     fn new(cap: u64) -> DiskBudget {
         let wal_bytes = cap / 4;
+        let db_bytes = cap - wal_bytes;
         DiskBudget {
             cap,
-            db_bytes: cap - wal_bytes,
+            db_bytes,
+            dead_bytes: db_bytes / 4,
             wal_bytes,
             txn_bytes: (cap / 32).max(1),
         }
@@ -278,36 +287,42 @@ impl Store {
     }
 
     /// Inside a write transaction: evict the oldest rows until the database fits its share of
-    /// the cap. `page_count` is the file's size after commit (free pages included), so the
-    /// freed pages are handed back with an incremental vacuum before measuring again.
+    /// the cap: dead letters while they are over their own budget (a store written before the
+    /// budget existed), otherwise queued events, which are then the ones over their share.
     fn enforce_cap(&self, tx: &Transaction<'_>, leased: &[u64]) -> Result<(u64, u64)> {
         let (mut evicted, mut evicted_quarantine) = (0u64, 0u64);
+        // Measured again only after dead letters went: evicting queued rows does not change it.
+        let mut measured: Option<u64> = None;
         for _ in 0..10_000 {
-            let pages: u64 =
-                tx.pragma_query_value(None, "page_count", |r| r.get::<_, i64>(0))? as u64;
-            if pages * self.page_size <= self.budget.db_bytes {
+            let excess = db_excess(tx, self.page_size, self.budget.db_bytes)?;
+            if excess == 0 {
                 break;
             }
-            let free: u64 =
-                tx.pragma_query_value(None, "freelist_count", |r| r.get::<_, i64>(0))? as u64;
-            if free > 0 {
-                let mut stmt = tx.prepare("PRAGMA incremental_vacuum")?;
-                let mut rows = stmt.query([])?;
-                while rows.next()?.is_some() {}
-                continue;
-            }
-            let excess = pages * self.page_size - self.budget.db_bytes;
+            let dead_over = match measured {
+                Some(over) => over,
+                None => QuarantineSql::used_bytes(tx)?.saturating_sub(self.budget.dead_bytes),
+            };
+            measured = Some(dead_over);
             let want = (excess / 256).clamp(8, 4096);
-            let n = evict_oldest(tx, want, leased)?;
-            if n > 0 {
-                evicted += n;
-                continue;
+            if dead_over == 0 {
+                let n = evict_oldest(tx, want, leased)?;
+                if n > 0 {
+                    evicted += n;
+                    continue;
+                }
             }
+            // Dead letters over their budget, or nothing queued left to evict (all in flight).
+            let want = if dead_over > 0 {
+                (dead_over / 512).clamp(1, 1024)
+            } else {
+                want
+            };
             let q = QuarantineSql::evict_oldest(tx, want)?;
             if q == 0 {
                 break;
             }
             evicted_quarantine += q;
+            measured = None;
         }
         if evicted > 0 {
             bump(tx, counter::DISK_CAP, evicted)?;
@@ -498,12 +513,44 @@ impl Store {
         Ok(n)
     }
 
-    /// Runs `f` with the quarantine tables, in one transaction.
+    /// Runs `f` with the quarantine tables, in one transaction whose inserts keep to the
+    /// dead letters' budget and the disk cap.
     pub fn with_quarantine<T>(&self, f: impl FnOnce(&QuarantineSql<'_>) -> Result<T>) -> Result<T> {
+        self.with_quarantine_moving(&[], f)
+    }
+
+    /// [`Store::with_quarantine`] for events that move from the queue into the quarantine: their
+    /// queued rows (`from_queue`, seqs of the batch in flight) are deleted in the same
+    /// transaction, so the space they free counts before the dead letters' limits are applied
+    /// and a dead letter is never evicted for its own queued copy.
+    pub fn with_quarantine_moving<T>(
+        &self,
+        from_queue: &[u64],
+        f: impl FnOnce(&QuarantineSql<'_>) -> Result<T>,
+    ) -> Result<T> {
+        let limits = ByteLimits {
+            db_bytes: self.budget.db_bytes,
+            dead_bytes: self.budget.dead_bytes,
+            page_size: self.page_size,
+        };
         let mut conn = self.conn();
+        let before = conn.total_changes();
         let tx = conn.transaction()?;
-        let out = f(&QuarantineSql::new(&tx))?;
+        let mut moved = 0;
+        {
+            let mut stmt = tx.prepare_cached("DELETE FROM events WHERE seq = ?1")?;
+            for seq in from_queue {
+                moved += stmt.execute([*seq as i64])? as u64;
+            }
+        }
+        let out = f(&QuarantineSql::bounded(&tx, limits))?;
         tx.commit()?;
+        if conn.total_changes() != before {
+            self.checkpoint_if_needed(&conn)?;
+        }
+        drop(conn);
+        self.release(from_queue);
+        self.forget_rows(moved);
         Ok(out)
     }
 
@@ -542,6 +589,27 @@ impl Store {
 const INSERT_EVENT: &str =
     "INSERT OR IGNORE INTO events (seq, ts, event_id, body, accepted, sends, unanswered)
      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)";
+
+/// How far the database is over `db_bytes`, after handing free pages back to the file system:
+/// `page_count` is the file's size after commit (free pages included), so freed pages are
+/// returned with an incremental vacuum before measuring again.
+fn db_excess(tx: &Transaction<'_>, page_size: u64, db_bytes: u64) -> Result<u64> {
+    for _ in 0..10_000 {
+        let pages: u64 = tx.pragma_query_value(None, "page_count", |r| r.get::<_, i64>(0))? as u64;
+        if pages * page_size <= db_bytes {
+            return Ok(0);
+        }
+        let free: u64 =
+            tx.pragma_query_value(None, "freelist_count", |r| r.get::<_, i64>(0))? as u64;
+        if free == 0 {
+            return Ok(pages * page_size - db_bytes);
+        }
+        let mut stmt = tx.prepare("PRAGMA incremental_vacuum")?;
+        let mut rows = stmt.query([])?;
+        while rows.next()?.is_some() {}
+    }
+    Ok(0)
+}
 
 fn evict_oldest(tx: &Transaction<'_>, want: u64, leased: &[u64]) -> Result<u64> {
     let seqs: Vec<i64> = {
@@ -613,5 +681,126 @@ fn acquire_lock(path: &Path) -> Result<File> {
             path.display()
         ))),
         Err(std::fs::TryLockError::Error(e)) => Err(storage("cannot lock", &lock_path, e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quarantine::QuarantinedEvent;
+
+    fn event(seq: u64, pad: usize) -> QueuedEvent {
+        let id = Uuid::now_v7();
+        let json = format!(
+            r#"{{"event_id":"{id}","name":"e","properties":{{"pad":"{}"}}}}"#,
+            "p".repeat(pad)
+        );
+        QueuedEvent {
+            ts_ms: 1_764_417_600_000 + seq as i64,
+            seq,
+            id: EventId(id),
+            json: json.into_boxed_str(),
+            accepted_ms: 1_764_417_600_000,
+            sends: 0,
+            unanswered: 0,
+        }
+    }
+
+    /// The dead path on its own (`with_quarantine` → `QuarantineSql::add`): ten caps' worth of
+    /// dead letters never push the files past the cap and never cost a queued event.
+    #[test]
+    fn dead_letters_keep_to_their_budget_and_never_evict_queued_events() {
+        const CAP: u64 = 256 * 1024;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db");
+        let store = Store::open(&path, CAP, 0).unwrap().store;
+        let live: Vec<_> = (1..=200).map(|s| event(s, 300)).collect();
+        let report = store.insert(&live).unwrap();
+        assert_eq!((report.inserted, report.evicted), (200, 0));
+        let mut seq = 10_000;
+        let mut evicted = 0;
+        for round in 0..100 {
+            let batch: Vec<QuarantinedEvent> = (0..30)
+                .map(|_| {
+                    seq += 1;
+                    let e = event(seq, 800);
+                    QuarantinedEvent::new(&e, "rejected", "r".repeat(100), Some(200), 1, 0)
+                })
+                .collect();
+            evicted += store
+                .with_quarantine(|q| q.add(&batch, 1_000_000, i64::MIN))
+                .unwrap()
+                .cap;
+            let bytes = store.disk_usage();
+            assert!(
+                bytes <= CAP,
+                "round {round}: {bytes} bytes over the cap {CAP}"
+            );
+        }
+        assert_eq!(
+            store.oldest(1_000).unwrap().len(),
+            200,
+            "no queued event evicted"
+        );
+        assert_eq!(store.len(), 200);
+        let kept = store
+            .with_quarantine(|q| q.counts())
+            .unwrap()
+            .get("rejected")
+            .copied()
+            .unwrap_or(0);
+        assert!(kept > 0, "the newest dead letters stay");
+        assert_eq!(kept + evicted, 3_000, "every dead letter kept or counted");
+        let used = store
+            .with_quarantine(|q| QuarantineSql::used_bytes(q.tx()))
+            .unwrap();
+        assert!(
+            used <= store.budget.dead_bytes,
+            "{used} over {}",
+            store.budget.dead_bytes
+        );
+    }
+
+    /// The spill path: dead letters over their budget (here: a store filled under a larger cap)
+    /// are what goes first at the cap, not the queued events.
+    #[test]
+    fn at_the_cap_dead_letters_over_budget_go_before_queued_events() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db");
+        let mut seq = 0;
+        let mut dead = |n: usize| -> Vec<QuarantinedEvent> {
+            (0..n)
+                .map(|_| {
+                    seq += 1;
+                    let e = event(seq, 800);
+                    QuarantinedEvent::new(&e, "rejected", String::new(), Some(200), 1, 0)
+                })
+                .collect()
+        };
+        {
+            let big = Store::open(&path, 10 << 20, 0).unwrap().store;
+            let batch = dead(400);
+            let e = big
+                .with_quarantine(|q| q.add(&batch, 1_000_000, i64::MIN))
+                .unwrap();
+            assert_eq!(e.cap, 0);
+            big.release_ownership();
+        }
+        const CAP: u64 = 256 * 1024;
+        let store = Store::open(&path, CAP, 0).unwrap().store;
+        let live: Vec<_> = (100_000..100_200).map(|s| event(s, 300)).collect();
+        let report = store.insert(&live).unwrap();
+        assert_eq!(report.evicted, 0, "no queued event evicted: {report:?}");
+        assert!(report.evicted_quarantine > 0, "{report:?}");
+        assert_eq!(store.oldest(1_000).unwrap().len(), 200);
+        let used = store
+            .with_quarantine(|q| QuarantineSql::used_bytes(q.tx()))
+            .unwrap();
+        assert!(
+            used <= store.budget.dead_bytes,
+            "{used} over {}",
+            store.budget.dead_bytes
+        );
+        assert!(store.disk_usage() <= CAP, "{}", store.disk_usage());
     }
 }

@@ -10,6 +10,18 @@ use crate::quarantine::{Evicted, ListFilter, QuarantinedEvent, Selector};
 
 pub struct QuarantineSql<'a> {
     tx: &'a Transaction<'a>,
+    /// The store's byte limits, which every insert keeps to; `None` for read-only access.
+    limits: Option<ByteLimits>,
+}
+
+/// What the quarantine may take of `max_disk_bytes` (see the store's `DiskBudget`).
+#[derive(Clone, Copy, Debug)]
+pub struct ByteLimits {
+    /// The database file's share of the cap (the WAL has the rest).
+    pub db_bytes: u64,
+    /// The dead letters' own budget inside `db_bytes`.
+    pub dead_bytes: u64,
+    pub page_size: u64,
 }
 
 const COLUMNS: &str =
@@ -44,15 +56,26 @@ fn where_clause(selector: &Selector) -> (String, Vec<String>) {
 }
 
 impl<'a> QuarantineSql<'a> {
+    /// Access without byte limits: for reading (and for purges, which only free space).
     pub fn new(tx: &'a Transaction<'a>) -> Self {
-        QuarantineSql { tx }
+        QuarantineSql { tx, limits: None }
+    }
+
+    /// Access whose inserts keep the dead letters inside their budget and the file inside the cap.
+    pub fn bounded(tx: &'a Transaction<'a>, limits: ByteLimits) -> Self {
+        QuarantineSql {
+            tx,
+            limits: Some(limits),
+        }
     }
 
     pub fn tx(&self) -> &Transaction<'a> {
         self.tx
     }
 
-    /// Adds (or refreshes) entries, then applies the cap and the retention.
+    /// Adds (or refreshes) entries, then applies the retention, the count cap and, with byte
+    /// limits, the dead letters' byte budget and the disk cap (oldest dead letters out first,
+    /// never a queued event: a live event is not evicted to make room for a dead one).
     pub fn add(
         &self,
         events: &[QuarantinedEvent],
@@ -90,7 +113,56 @@ impl<'a> QuarantineSql<'a> {
                 ])?;
             }
         }
-        self.enforce(max_events, retention_cutoff_ms)
+        let mut evicted = self.enforce(max_events, retention_cutoff_ms)?;
+        if let Some(limits) = self.limits {
+            evicted.cap += self.enforce_bytes(limits)?;
+        }
+        Ok(evicted)
+    }
+
+    /// Evicts the oldest dead letters while they take more than their budget, then while the
+    /// database is over its share of the cap; counted `quarantine_cap`. Returns how many went.
+    fn enforce_bytes(&self, limits: ByteLimits) -> Result<u64> {
+        let mut evicted = 0;
+        for _ in 0..10_000 {
+            let used = Self::used_bytes(self.tx)?;
+            let excess = match used.checked_sub(limits.dead_bytes) {
+                Some(over) if over > 0 => over,
+                _ => super::db_excess(self.tx, limits.page_size, limits.db_bytes)?,
+            };
+            if excess == 0 {
+                break;
+            }
+            let n = Self::evict_oldest(self.tx, (excess / 512).clamp(1, 1024))?;
+            if n == 0 {
+                break;
+            }
+            evicted += n;
+        }
+        if evicted > 0 {
+            bump(self.tx, counter::QUARANTINE_CAP, evicted)?;
+        }
+        Ok(evicted)
+    }
+
+    /// Bytes the dead letters occupy: the used part of the pages of the quarantine table and its
+    /// indexes (SQLite's `dbstat`), so the budget is measured in what the file really holds.
+    pub fn used_bytes(tx: &Transaction<'_>) -> Result<u64> {
+        let names: Vec<String> = {
+            let mut stmt = tx.prepare_cached(
+                "SELECT name FROM sqlite_schema WHERE tbl_name = 'quarantine' AND rootpage > 0",
+            )?;
+            stmt.query_map([], |r| r.get(0))?
+                .collect::<rusqlite::Result<_>>()?
+        };
+        let mut stmt = tx.prepare_cached(
+            "SELECT coalesce(sum(pgsize - unused), 0) FROM dbstat WHERE name = ?1 AND aggregate = 1",
+        )?;
+        let mut used = 0u64;
+        for name in &names {
+            used += stmt.query_row([name], |r| r.get::<_, i64>(0))? as u64;
+        }
+        Ok(used)
     }
 
     /// Applies `quarantine_retention_ms` and `quarantine_max_events`, oldest out first.

@@ -11,11 +11,29 @@ use futures_util::future::BoxFuture;
 
 pub use reqwest_transport::ReqwestTransport;
 
-/// Response bodies are read up to this many bytes: enough for any `rejected` list we act on,
-/// small enough that a hostile collector cannot make the SDK allocate without bound.
-pub const MAX_RESPONSE_BYTES: usize = 64 * 1024;
+/// Room in any answer for what is not a `rejected` entry (counts, messages, whitespace), and the
+/// whole bound for an answer to a batch of no events. DESIGN §3's 64 KiB.
+pub const RESPONSE_BASE_BYTES: usize = 64 * 1024;
 
-#[derive(Clone, Debug)]
+/// The longest `reason` of a rejected event, as encoded in the answer's JSON, that the read bound
+/// makes room for: what the quarantine keeps of the collector's words anyway (see `classify`).
+pub const MAX_REJECTION_REASON_BYTES: usize = crate::classify::MAX_KEPT_BODY_BYTES;
+
+/// One `rejected` entry besides its reason: `{"event_id":"<36-char UUID>","reason":""},` is 52
+/// bytes; the rest is room for whitespace and extra fields a collector may add.
+pub const REJECTION_ENTRY_BYTES: usize = 128;
+
+/// How much of the answer to a batch of `events` events is read. A 2xx may list every event of
+/// the batch as rejected, so the bound grows with the batch: a 1,000-event batch may be answered
+/// with ~1.1 MB that must be read whole, while a hostile collector still cannot make the SDK
+/// allocate without bound. An answer longer than this is illegal and comes back cut short
+/// ([`HttpResponse::truncated`]).
+pub fn response_bound(events: usize) -> usize {
+    RESPONSE_BASE_BYTES
+        .saturating_add(events.saturating_mul(REJECTION_ENTRY_BYTES + MAX_REJECTION_REASON_BYTES))
+}
+
+#[derive(Clone)]
 pub struct HttpRequest {
     pub method: String,
     pub url: String,
@@ -23,14 +41,36 @@ pub struct HttpRequest {
     pub body: Vec<u8>,
     /// The whole attempt must finish within this; the worker enforces it too.
     pub timeout: Duration,
+    /// Read at most this many bytes of the answer ([`response_bound`] of the batch); a transport
+    /// that stops there sets [`HttpResponse::truncated`].
+    pub max_response_bytes: usize,
+}
+
+/// Headers are shown by name only: `Authorization` carries the API key.
+impl std::fmt::Debug for HttpRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<&str> = self.headers.iter().map(|(k, _)| k.as_str()).collect();
+        f.debug_struct("HttpRequest")
+            .field("method", &self.method)
+            .field("url", &self.url)
+            .field("headers", &names)
+            .field("body_bytes", &self.body.len())
+            .field("timeout", &self.timeout)
+            .field("max_response_bytes", &self.max_response_bytes)
+            .finish()
+    }
 }
 
 #[derive(Clone, Debug, Default)]
 pub struct HttpResponse {
     pub status: u16,
     pub headers: Vec<(String, String)>,
-    /// At most [`MAX_RESPONSE_BYTES`].
+    /// At most the request's `max_response_bytes`.
     pub body: Vec<u8>,
+    /// The body is not the whole answer: it went past the bound, or the connection broke while
+    /// it was read. A cut 2xx may name refused events in the part not read, so it is never
+    /// taken as a success (see `classify`).
+    pub truncated: bool,
 }
 
 impl HttpResponse {

@@ -6,7 +6,7 @@ use std::sync::Once;
 
 use futures_util::future::BoxFuture;
 
-use super::{HttpRequest, HttpResponse, MAX_RESPONSE_BYTES, Transport, TransportError};
+use super::{HttpRequest, HttpResponse, Transport, TransportError};
 
 pub struct ReqwestTransport {
     client: reqwest::Client,
@@ -59,23 +59,35 @@ impl Transport for ReqwestTransport {
                 .iter()
                 .filter_map(|(k, v)| Some((k.as_str().to_string(), v.to_str().ok()?.to_string())))
                 .collect();
+            let bound = request.max_response_bytes;
             let mut body = Vec::new();
-            while body.len() < MAX_RESPONSE_BYTES {
+            let mut truncated = false;
+            // Bounded: each turn adds a non-empty chunk until the bound, or ends the loop.
+            loop {
                 match response.chunk().await {
                     Ok(Some(chunk)) => {
-                        let room = MAX_RESPONSE_BYTES - body.len();
-                        body.extend_from_slice(&chunk[..chunk.len().min(room)]);
+                        let room = bound - body.len();
+                        if chunk.len() > room {
+                            body.extend_from_slice(&chunk[..room]);
+                            truncated = true;
+                            break;
+                        }
+                        body.extend_from_slice(&chunk);
                     }
                     Ok(None) => break,
-                    // The status already arrived and decides the outcome; a torn body only
-                    // loses detail (a `rejected` list is then not trusted, see classify).
-                    Err(_) => break,
+                    // The status already arrived; a torn body is not the whole answer, and
+                    // classify treats it so.
+                    Err(_) => {
+                        truncated = true;
+                        break;
+                    }
                 }
             }
             Ok(HttpResponse {
                 status,
                 headers,
                 body,
+                truncated,
             })
         })
     }

@@ -65,3 +65,36 @@ pub fn assert_ids_kept(collector: &ReferenceCollector, tracked: &HashSet<String>
         }
     }
 }
+
+/// A known point for "nothing happened" checks, instead of a sleep: returns once the worker has
+/// taken in every call made before this one. Each of two rounds tracks a marker event and wakes
+/// the worker with `dismiss()` (a no-op outside a retry), then waits until the observer is shown
+/// the new pending count. The second count can only be shown by a worker turn that began after
+/// the first was shown, so after every earlier call had been made. Call it only in `Idle`,
+/// `Offline` or `Paused`; it tracks two events. Returns the last status shown.
+pub fn settle(spool: &EventSpool, recorder: &Recorder) -> DeliveryStatus {
+    let mut shown = None;
+    for _ in 0..2 {
+        let from = recorder.seen().len();
+        let target = spool.stats().pending + 1;
+        spool.track("settle", serde_json::json!({})).unwrap();
+        spool.dismiss();
+        let found = || {
+            recorder.seen()[from..]
+                .iter()
+                .find(|s| s.pending == target)
+                .cloned()
+        };
+        spool.wait_for(WAIT, |_| found().is_some());
+        shown = Some(found().unwrap_or_else(|| {
+            panic!(
+                "the worker never showed {target} pending; state is {}",
+                spool.state()
+            )
+        }));
+    }
+    shown.expect("two rounds ran")
+}
+
+/// Past every timer the worker may have: periodic flush, the longest backoff, `Retry-After`.
+pub const PAST_EVERY_TIMER: Duration = Duration::from_secs(3600);

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use eventspool::collector::Scripted;
 use eventspool::retry::backoff_ceiling_ms;
-use eventspool::{DeliveryState, EventSpool, PauseReason};
+use eventspool::{Clock, DeliveryState, EventSpool, PauseReason};
 use serde_json::json;
 
 use crate::common::*;
@@ -125,13 +125,19 @@ fn seed_story_outage_countdown_manual_retry_and_drain() {
     );
 }
 
+/// After "Back", reaching `flush_at` does not restart sending; the next periodic flush does,
+/// exactly `flush_interval_ms` after the dismiss on the driven clock.
 #[test]
-fn dismiss_keeps_events_until_the_next_reconnect() {
+fn dismiss_keeps_events_until_the_next_periodic_flush() {
     let collector = collector();
     collector.set_outage(true).unwrap();
-    let (_clock, dyn_clock) = manual_clock();
-    let spool = EventSpool::builder(config(&collector))
+    let (clock, dyn_clock) = manual_clock();
+    let recorder = Arc::new(Recorder::default());
+    let cfg = config(&collector);
+    let flush_interval = Duration::from_millis(cfg.flush_interval_ms);
+    let spool = EventSpool::builder(cfg)
         .clock(dyn_clock)
+        .observer(recorder.clone())
         .open()
         .unwrap();
     for i in 0..25 {
@@ -141,21 +147,33 @@ fn dismiss_keeps_events_until_the_next_reconnect() {
     wait_state(&spool, "retry scheduled", |s| {
         matches!(s, DeliveryState::RetryScheduled { .. })
     });
+    let dismissed_at = clock.now_ms();
     spool.dismiss();
     let status = wait_state(&spool, "idle", |s| *s == DeliveryState::Idle);
     assert_eq!(status.pending, 25, "dismiss keeps every event");
     collector.set_outage(false).unwrap();
+    let requests = collector.request_count();
     spool.track("more", json!({})).unwrap();
-    std::thread::sleep(Duration::from_millis(100));
+    // Up to 1 ms before the periodic flush is due: nothing may be sent.
+    clock.advance(flush_interval - Duration::from_millis(1));
+    let shown = settle(&spool, &recorder);
     assert_eq!(
-        collector.distinct_count(),
-        0,
+        (
+            shown.state,
+            collector.request_count(),
+            collector.distinct_count()
+        ),
+        (DeliveryState::Idle, requests, 0),
         "after Back, flush_at does not restart sending"
     );
-    spool.set_online(false);
-    spool.set_online(true);
-    assert!(spool.wait_drained(WAIT));
-    assert_eq!(collector.distinct_count(), 26);
+    assert_eq!(
+        clock.now_ms(),
+        dismissed_at + flush_interval.as_millis() as u64 - 1
+    );
+    // The periodic flush is due: it sends everything.
+    clock.advance(Duration::from_millis(1));
+    assert!(spool.wait_drained(WAIT), "{}", spool.state());
+    assert_eq!(collector.distinct_count(), 28);
 }
 
 #[test]
@@ -167,8 +185,11 @@ fn unauthorized_pauses_without_requests_until_a_new_key() {
     });
     let mut cfg = config(&collector);
     cfg.api_key = Some("stale".into());
+    let (clock, dyn_clock) = manual_clock();
+    let recorder = Arc::new(Recorder::default());
     let spool = EventSpool::builder(cfg)
-        .clock(instant_clock())
+        .clock(dyn_clock)
+        .observer(recorder.clone())
         .open()
         .unwrap();
     for i in 0..40 {
@@ -184,17 +205,30 @@ fn unauthorized_pauses_without_requests_until_a_new_key() {
     assert_eq!(last_error.status, Some(401));
     assert_eq!(status.pending, 40, "a pause drops nothing");
     let requests = collector.request_count();
+    assert_eq!(requests, 1, "one refused request pauses");
     spool.flush();
+    spool.retry_now();
     spool.track("while paused", json!({})).unwrap();
-    std::thread::sleep(Duration::from_millis(200));
+    clock.advance(PAST_EVERY_TIMER);
+    let shown = settle(&spool, &recorder);
+    assert!(
+        matches!(
+            shown.state,
+            DeliveryState::Paused {
+                reason: PauseReason::Auth,
+                ..
+            }
+        ),
+        "{shown:?}"
+    );
     assert_eq!(
         collector.request_count(),
         requests,
-        "no request while paused"
+        "no request while paused, with the clock past every timer"
     );
     spool.set_api_key(Some("good".into())).unwrap();
     assert!(spool.wait_drained(WAIT), "{}", spool.state());
-    assert_eq!(collector.distinct_count(), 41);
+    assert_eq!(collector.distinct_count(), 43);
     let stats = spool.stats();
     assert_eq!(stats.quarantined + stats.dropped_from_queue(), 0);
 }
@@ -293,59 +327,171 @@ fn collector_with_retry_after(value: &str) -> eventspool::collector::ReferenceCo
     c
 }
 
+/// Every 503 asks `Retry-After: 3` and the jitter window is 1 ms (always 0), so each retry waits
+/// exactly 3 s on the driven clock. Retry k would start at k × 3 s after the episode began; the
+/// 18 s budget allows k = 1..=6 (6 × 3 s = 18 s is not over it) and not the 7th: 7 requests,
+/// then `WaitingForUser{6}` at 18 s, although 50 attempts were allowed.
 #[test]
 fn elapsed_budget_hands_over_to_the_user() {
+    const DELAY_MS: u64 = 3_000;
+    const BUDGET_MS: u64 = 18_000;
     let collector = collector();
-    collector.set_outage(true).unwrap();
+    collector.set_behavior(eventspool::collector::Behavior {
+        fail_rate: 1.0,
+        retry_after: Some((DELAY_MS / 1000).to_string()),
+        ..Default::default()
+    });
+    let (clock, dyn_clock) = manual_clock();
     let mut cfg = config(&collector);
     cfg.max_auto_attempts = 50;
-    cfg.max_retry_elapsed_ms = 20_000;
-    let spool = EventSpool::builder(cfg)
-        .clock(instant_clock())
-        .open()
-        .unwrap();
+    cfg.max_retry_elapsed_ms = BUDGET_MS;
+    cfg.backoff_base_ms = 1;
+    cfg.backoff_cap_ms = 1;
+    let spool = EventSpool::builder(cfg).clock(dyn_clock).open().unwrap();
     spool.track("e", json!({})).unwrap();
     spool.flush();
+    let start = clock.now_ms();
+    let expected_retries = (BUDGET_MS / DELAY_MS) as u32;
+    for attempt in 1..=expected_retries {
+        let s = wait_state(&spool, "a retry or the hand-over", |s| match s {
+            DeliveryState::RetryScheduled { attempt: a, .. } => *a >= attempt,
+            DeliveryState::WaitingForUser { .. } => true,
+            _ => false,
+        });
+        let DeliveryState::RetryScheduled {
+            attempt: announced,
+            retry_in_ms,
+            max_attempts,
+            ..
+        } = s.state
+        else {
+            panic!("retry {attempt} of {expected_retries} was not scheduled: {s:?}")
+        };
+        assert_eq!(announced, attempt);
+        assert_eq!(
+            (retry_in_ms, max_attempts),
+            (DELAY_MS, 50),
+            "retry {attempt}"
+        );
+        assert_eq!(collector.request_count(), attempt as usize);
+        let next = |s: &DeliveryState| match s {
+            DeliveryState::RetryScheduled { attempt: a, .. } => *a > attempt,
+            DeliveryState::WaitingForUser { .. } => true,
+            _ => false,
+        };
+        assert!(
+            clock.step(Duration::from_millis(DELAY_MS), WAIT, || next(
+                &spool.state().state
+            )),
+            "worker did not react to the clock"
+        );
+    }
     let s = wait_state(&spool, "waiting", |s| {
         matches!(s, DeliveryState::WaitingForUser { .. })
     });
     let DeliveryState::WaitingForUser { attempts, .. } = s.state else {
         unreachable!()
     };
-    assert!(
-        attempts < 50,
-        "the elapsed budget ended the episode first ({attempts})"
+    assert_eq!(
+        attempts, expected_retries,
+        "the elapsed budget ended the episode"
     );
+    assert_eq!(collector.request_count(), expected_retries as usize + 1);
+    assert_eq!(clock.now_ms() - start, expected_retries as u64 * DELAY_MS);
 }
 
+/// Offline: no attempt at all, whatever the app asks and however far the clock goes. A
+/// reconnect starts a fresh failure episode: the budget spent before (5 of 5) is forgotten, and
+/// the first failure after it announces retry 1 of 5 again, not a sixth attempt.
 #[test]
 fn offline_makes_no_attempts_and_reconnect_starts_a_fresh_episode() {
     let collector = collector();
     collector.set_outage(true).unwrap();
-    let spool = EventSpool::builder(config(&collector))
-        .clock(instant_clock())
+    let (clock, dyn_clock) = manual_clock();
+    let recorder = Arc::new(Recorder::default());
+    let mut cfg = config(&collector);
+    cfg.max_auto_attempts = 5;
+    let spool = EventSpool::builder(cfg)
+        .clock(dyn_clock)
+        .observer(recorder.clone())
         .open()
         .unwrap();
     spool.track("o", json!({})).unwrap();
     spool.flush();
-    wait_state(&spool, "waiting", |s| {
-        matches!(s, DeliveryState::WaitingForUser { .. })
-    });
+    let waiting = |s: &DeliveryState| matches!(s, DeliveryState::WaitingForUser { .. });
+    for _ in 0..400 {
+        if waiting(&spool.state().state) {
+            break;
+        }
+        assert!(
+            clock.step(STEP, WAIT, || waiting(&spool.state().state)),
+            "worker did not react to the clock"
+        );
+    }
+    let s = wait_state(&spool, "waiting", waiting);
+    assert!(
+        matches!(s.state, DeliveryState::WaitingForUser { attempts: 5, .. }),
+        "{s:?}"
+    );
     spool.set_online(false);
     wait_state(&spool, "offline", |s| *s == DeliveryState::Offline);
-    collector.set_outage(false).unwrap();
-    let before = collector.request_count();
+    // The collector refuses connections, so the SDK's own count of attempts is the measure.
+    let before = spool.stats().requests;
+    assert_eq!(before, 6, "the first send and 5 retries");
     spool.flush();
     spool.retry_now();
-    std::thread::sleep(Duration::from_millis(100));
+    clock.advance(PAST_EVERY_TIMER);
+    let shown = settle(&spool, &recorder);
+    assert_eq!(shown.state, DeliveryState::Offline);
     assert_eq!(
-        collector.request_count(),
+        spool.stats().requests,
         before,
-        "offline: no attempts at all"
+        "offline: no attempts at all, with the clock past every timer"
     );
+
+    // Back online while the collector is still down: one attempt, then retry 1 of 5.
+    let from = recorder.seen().len();
     spool.set_online(true);
-    assert!(spool.wait_drained(WAIT));
-    assert_eq!(collector.distinct_count(), 1);
+    let s = wait_state(&spool, "a fresh retry", |s| {
+        matches!(
+            s,
+            DeliveryState::RetryScheduled { .. } | DeliveryState::WaitingForUser { .. }
+        )
+    });
+    assert!(
+        matches!(
+            s.state,
+            DeliveryState::RetryScheduled {
+                attempt: 1,
+                max_attempts: 5,
+                ..
+            }
+        ),
+        "a reconnect starts a fresh episode: {s:?}"
+    );
+    assert_eq!(spool.stats().requests, before + 1);
+    let after: Vec<&str> = recorder.seen()[from..]
+        .iter()
+        .map(|s| s.state.name())
+        .collect();
+    assert!(
+        !after.contains(&"waiting_for_user"),
+        "no hand-over to the user after the reconnect: {after:?}"
+    );
+    collector.set_outage(false).unwrap();
+    let drained = || spool.state().is_drained();
+    for _ in 0..100 {
+        if drained() {
+            break;
+        }
+        clock.step(STEP, WAIT, drained);
+    }
+    assert!(spool.wait_drained(WAIT), "{}", spool.state());
+    assert_eq!(
+        collector.distinct_count(),
+        3,
+        "the event and the two markers"
+    );
 }
 
 #[test]
@@ -355,22 +501,42 @@ fn opt_out_stops_tracking_and_purge_deletes_the_queue() {
     let mut cfg = config(&collector);
     cfg.db_path = Some(dir.path().join("e.db"));
     cfg.memory_capacity = 10;
-    let spool = EventSpool::builder(cfg).start_offline().open().unwrap();
+    let (clock, dyn_clock) = manual_clock();
+    let recorder = Arc::new(Recorder::default());
+    let spool = EventSpool::builder(cfg)
+        .clock(dyn_clock)
+        .observer(recorder.clone())
+        .start_offline()
+        .open()
+        .unwrap();
     for i in 0..50 {
         spool.track("before", json!({"i": i})).unwrap();
     }
     spool.set_enabled(false);
+    wait_state(&spool, "disabled", |s| *s == DeliveryState::Disabled);
     assert!(matches!(
         spool.track("after", json!({})),
         Err(eventspool::Error::Disabled)
     ));
-    assert_eq!(spool.purge_pending().unwrap(), 50);
+    // 50 queued, online, asked to send, the clock past every timer: still nothing is sent.
     spool.set_online(true);
-    wait_state(&spool, "disabled", |s| *s == DeliveryState::Disabled);
-    std::thread::sleep(Duration::from_millis(100));
+    spool.flush();
+    spool.retry_now();
+    clock.advance(PAST_EVERY_TIMER);
+    assert_eq!(spool.purge_pending().unwrap(), 50);
+    // The known point: the worker shows the purge (a no-op wake makes it publish).
+    spool.dismiss();
+    let purged_shown = || {
+        recorder
+            .seen()
+            .iter()
+            .any(|s| s.state == DeliveryState::Disabled && s.pending == 0)
+    };
+    spool.wait_for(WAIT, |_| purged_shown());
+    assert!(purged_shown(), "{}", spool.state());
     assert_eq!(
-        collector.request_count(),
-        0,
+        (collector.request_count(), spool.stats().requests),
+        (0, 0),
         "nothing queued is sent after opt-out"
     );
     let stats = spool.stats();
@@ -399,8 +565,11 @@ fn a_panicking_observer_does_not_stop_delivery() {
 fn a_pause_survives_a_reconnect() {
     let collector = collector();
     collector.push_statuses(&[403]);
+    let (clock, dyn_clock) = manual_clock();
+    let recorder = Arc::new(Recorder::default());
     let spool = EventSpool::builder(config(&collector))
-        .clock(instant_clock())
+        .clock(dyn_clock)
+        .observer(recorder.clone())
         .open()
         .unwrap();
     spool.track("x", json!({})).unwrap();
@@ -420,15 +589,30 @@ fn a_pause_survives_a_reconnect() {
     wait_state(&spool, "paused again", |s| {
         matches!(s, DeliveryState::Paused { .. })
     });
-    std::thread::sleep(Duration::from_millis(100));
+    clock.advance(PAST_EVERY_TIMER);
+    let shown = settle(&spool, &recorder);
+    assert!(
+        matches!(
+            shown.state,
+            DeliveryState::Paused {
+                reason: PauseReason::Auth,
+                ..
+            }
+        ),
+        "{shown:?}"
+    );
     assert_eq!(
         collector.request_count(),
         1,
-        "a reconnect does not retry a refused key"
+        "a reconnect does not retry a refused key, with the clock past every timer"
     );
     spool.resume();
     assert!(spool.wait_drained(WAIT));
-    assert_eq!(collector.distinct_count(), 1);
+    assert_eq!(
+        collector.distinct_count(),
+        3,
+        "the event and the two markers"
+    );
 }
 
 #[test]

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use eventspool::collector::{Behavior, Scripted};
-use eventspool::{DropReason, EventSpool, ListFilter, Selector};
+use eventspool::{DeliveryState, DropReason, EventSpool, ListFilter, Selector};
 use serde_json::json;
 
 use crate::common::*;
@@ -234,4 +234,223 @@ fn quarantining_never_blocks_the_events_behind() {
     );
     assert!(spool.wait_drained(WAIT));
     assert!(collector.contains(&first));
+}
+
+/// The largest legal answer to a 1,000-event batch: every event listed in `rejected` with a
+/// reason of the longest length the SDK keeps (1 KiB), about 1.1 MB of JSON. Every listed event
+/// must end in the quarantine; none may be counted delivered.
+#[test]
+fn a_huge_rejected_list_quarantines_every_listed_event() {
+    let collector = collector();
+    let reason = "r".repeat(eventspool::classify::MAX_KEPT_BODY_BYTES);
+    collector.push_script([Scripted::RejectAll {
+        reason: reason.clone(),
+    }]);
+    let mut cfg = config(&collector);
+    cfg.max_batch_events = 1_000;
+    let spool = EventSpool::builder(cfg).start_offline().open().unwrap();
+    let mut ids = Vec::new();
+    for i in 0..1_000 {
+        ids.push(spool.track("refused", json!({"i": i})).unwrap().to_string());
+    }
+    spool.set_online(true);
+    assert!(spool.wait_drained(WAIT), "{}", spool.state());
+    let stats = spool.stats();
+    assert_eq!(
+        (
+            stats.delivered,
+            stats.quarantined,
+            collector.request_count()
+        ),
+        (0, 1_000, 1),
+        "one request, every listed event quarantined, none delivered: {stats:?}"
+    );
+    assert_eq!(collector.distinct_count(), 0);
+    let listed = spool.quarantine_list(&ListFilter::default()).unwrap();
+    assert_eq!(
+        listed
+            .iter()
+            .map(|q| q.event_id.clone())
+            .collect::<Vec<_>>(),
+        ids
+    );
+    assert!(
+        listed
+            .iter()
+            .all(|q| q.reason == "rejected" && q.detail == reason)
+    );
+    assert!(stats.balances(), "{stats:?}");
+}
+
+/// A 2xx whose body is longer than any legal answer to the batch is read only up to the bound;
+/// an answer cut short may name events it no longer shows, so it is never taken as "delivered":
+/// the batch is retried with the same ids (effect unknown), and nothing is counted until an
+/// answer is read whole.
+#[test]
+fn a_cut_short_2xx_is_never_taken_as_delivered() {
+    let collector = collector();
+    let (_clock, dyn_clock) = manual_clock();
+    let mut cfg = config(&collector);
+    cfg.max_batch_events = 10;
+    let spool = EventSpool::builder(cfg)
+        .clock(dyn_clock)
+        .start_offline()
+        .open()
+        .unwrap();
+    let mut ids = Vec::new();
+    for i in 0..10 {
+        ids.push(spool.track("e", json!({"i": i})).unwrap().to_string());
+    }
+    // A rejection of the first event whose reason is far past any bound: once cut, the body
+    // no longer parses, and on main it was read as "all delivered".
+    let body = format!(
+        r#"{{"accepted":9,"rejected":[{{"event_id":"{}","reason":"{}"}}]}}"#,
+        ids[0],
+        "x".repeat(4 << 20)
+    );
+    collector.push_script([Scripted::Status {
+        status: 200,
+        body,
+        headers: Vec::new(),
+    }]);
+    spool.set_online(true);
+    let status = wait_state(&spool, "a retry after the cut answer", |s| {
+        matches!(s, DeliveryState::RetryScheduled { attempt: 1, .. })
+    });
+    let stats = spool.stats();
+    assert_eq!(
+        (stats.delivered, stats.quarantined, status.pending),
+        (0, 0, 10),
+        "a cut-short 2xx counts nothing: {stats:?}"
+    );
+    let DeliveryState::RetryScheduled { last_error, .. } = status.state else {
+        unreachable!()
+    };
+    assert_eq!(last_error.status, Some(200), "{last_error}");
+    spool.retry_now();
+    assert!(spool.wait_drained(WAIT), "{}", spool.state());
+    assert_eq!(collector.distinct_count(), 10);
+    let requests = collector.requests();
+    assert_eq!(requests.len(), 2);
+    assert_eq!(requests[1].event_ids, ids, "resent with the same ids");
+    assert_eq!(spool.stats().delivered, 10);
+}
+
+/// Database plus WAL of a store, as the file system reports them (the `max_disk_bytes` measure).
+fn store_files_bytes(db: &std::path::Path) -> u64 {
+    let size = |p: std::path::PathBuf| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
+    size(db.to_path_buf()) + size(std::path::PathBuf::from(format!("{}-wal", db.display())))
+}
+
+/// Dead letters live inside `max_disk_bytes`, in a budget of their own: a collector that refuses
+/// everything never makes the file set outgrow the cap, the oldest dead letters go first (counted
+/// `quarantine_cap`), and live events that fit the live share are never evicted for them.
+#[test]
+fn dead_letters_have_their_own_budget_inside_the_disk_cap() {
+    const CAP: u64 = 256 * 1024;
+    let collector = collector();
+    collector.set_behavior(Behavior {
+        partial_reject_name: Some("refused".into()),
+        ..Default::default()
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("q.db");
+    let mut cfg = config(&collector);
+    cfg.db_path = Some(db.clone());
+    cfg.max_disk_bytes = CAP;
+    cfg.memory_capacity = 100;
+    cfg.max_batch_events = 50;
+    cfg.compression = eventspool::Compression::None;
+    let spool = EventSpool::open(cfg).unwrap();
+    let pad = "p".repeat(300);
+    let peak = std::cell::Cell::new(0);
+    let sample = |what: &str| {
+        let bytes = store_files_bytes(&db);
+        peak.set(peak.get().max(bytes));
+        assert!(
+            bytes <= CAP,
+            "{what}: store files {bytes} bytes over the cap {CAP}"
+        );
+    };
+    // Phase 1: 1,200 events (~500 KB of wire JSON), every one refused; they go out from memory,
+    // so only the quarantine writes to the store.
+    for step in 0..24 {
+        for i in 0..50 {
+            spool
+                .track("refused", json!({"step": step, "i": i, "pad": pad}))
+                .unwrap();
+        }
+        assert!(spool.wait_drained(WAIT), "{}", spool.state());
+        sample(&format!("step {step} drained"));
+    }
+    let stats = spool.stats();
+    assert_eq!(
+        (stats.delivered, stats.quarantined),
+        (0, 1_200),
+        "{stats:?}"
+    );
+    let kept = stats.quarantine.get("rejected").copied().unwrap_or(0);
+    assert!(kept > 0, "the newest dead letters are kept: {stats:?}");
+    assert_eq!(
+        stats.dropped(DropReason::QuarantineCap),
+        1_200 - kept,
+        "every dead letter is kept or counted quarantine_cap: {stats:?}"
+    );
+    let listed = spool.quarantine_list(&ListFilter::default()).unwrap();
+    let newest_step = |q: &eventspool::QuarantinedEvent| {
+        let v: serde_json::Value = serde_json::from_str(&q.body).unwrap();
+        v["properties"]["step"].as_u64().unwrap()
+    };
+    assert_eq!(listed.len() as u64, kept);
+    assert_eq!(newest_step(listed.last().unwrap()), 23, "oldest out first");
+    assert!(newest_step(&listed[0]) > 0, "the oldest went first");
+    assert!(stats.balances(), "{stats:?}");
+    eprintln!(
+        "phase 1: {kept} dead letters kept, peak {} bytes of {CAP}",
+        peak.get()
+    );
+
+    // Phase 2: offline, 150 live events (well inside the live share): none is evicted, and the
+    // dead letters inside their budget stay too.
+    spool.set_online(false);
+    for i in 0..150 {
+        spool.track("live", json!({"i": i, "pad": pad})).unwrap();
+        if i % 25 == 24 {
+            spool.persist().unwrap();
+            sample(&format!("live {i}"));
+        }
+    }
+    let stats = spool.stats();
+    assert_eq!(
+        stats.dropped(DropReason::DiskCap),
+        0,
+        "no live event evicted while dead letters hold space: {stats:?}"
+    );
+    assert_eq!(
+        (stats.pending, stats.quarantine.get("rejected").copied()),
+        (150, Some(kept))
+    );
+
+    // Phase 3: live events far past the cap: the oldest live go (disk_cap), the dead letters keep
+    // their budget, and the files stay under the cap.
+    for i in 0..3_000 {
+        spool.track("live", json!({"more": i, "pad": pad})).unwrap();
+        if i % 100 == 99 {
+            spool.persist().unwrap();
+            sample(&format!("more {i}"));
+        }
+    }
+    let stats = spool.stats();
+    assert!(stats.dropped(DropReason::DiskCap) > 0, "{stats:?}");
+    assert_eq!(
+        stats.quarantine.get("rejected").copied(),
+        Some(kept),
+        "{stats:?}"
+    );
+    assert_eq!(
+        stats.tracked,
+        stats.delivered + stats.quarantined + stats.dropped_from_queue() + stats.pending
+    );
+    assert!(stats.balances(), "{stats:?}");
+    eprintln!("peak {} bytes of {CAP}; {stats:?}", peak.get());
 }

@@ -88,7 +88,7 @@ proptest! {
     ) {
         let result = match error {
             Some(e) => Err(TransportError::Io(e)),
-            None => Ok(HttpResponse { status, headers, body }),
+            None => Ok(HttpResponse { status, headers, body, truncated: false }),
         };
         let outcome = classify(&result, SystemTime::now());
         if let Outcome::Transient { failure, .. } | Outcome::Auth { failure } | Outcome::Config { failure } = &outcome {

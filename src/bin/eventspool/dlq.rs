@@ -1,9 +1,11 @@
-//! `dlq`: the operator's triage loop over the quarantine of a store no spool is running on.
+//! `dlq`: the operator's triage loop over a store's quarantine. `list` and `show` only read (the
+//! file is never changed, even when it cannot be read); `redrive` and `purge` need the store to be
+//! closed.
 
 use std::path::{Path, PathBuf};
 
 use clap::{Args, Subcommand};
-use eventspool::admin::StoreAdmin;
+use eventspool::admin::{self, StoreAdmin};
 use eventspool::event::format_timestamp;
 use eventspool::{ListFilter, QuarantinedEvent, Selector};
 use serde_json::{Value, json};
@@ -12,8 +14,9 @@ use crate::{CmdResult, EXIT_OK, Failure, print_json};
 
 pub const HELP: &str = "\
 The quarantine holds events the collector refused for good (reasons: rejected, bad_request,
-too_large), or never answered for (max_sends). Triage: list, look at one, fix the cause, redrive (same event_id; the next
-`eventspool flush` delivers them) or purge. Needs the store's owner lock: stop the app first.
+too_large), or never answered for (max_sends). Triage: list, look at one, fix the cause, redrive
+(same event_id; the next `eventspool flush` delivers them) or purge. `list` and `show` only read
+and never change the file; `redrive` and `purge` need the store's owner lock: stop the app first.
 
 Examples:
   eventspool dlq list --db events.db --reason bad_request --limit 20
@@ -105,6 +108,11 @@ fn open(db: &Path) -> Result<StoreAdmin, Failure> {
     StoreAdmin::open(db).map_err(|e| Failure::error(e.to_string()))
 }
 
+/// A read-only command's error: the message names the file (and says nothing was changed).
+fn read_failure(e: eventspool::Error) -> Failure {
+    Failure::error(format!("{e} (the file was not changed)"))
+}
+
 fn entry(e: &QuarantinedEvent, payload: bool) -> Value {
     let event: Option<Value> = serde_json::from_str(&e.body).ok();
     let name = event
@@ -138,19 +146,18 @@ pub fn run(cmd: DlqCommand) -> CmdResult {
             limit,
             show_payload,
         } => {
-            let admin = open(&db)?;
             let filter = ListFilter {
                 reason,
                 offset: 0,
                 limit,
             };
-            for e in admin.list(&filter)? {
+            let entries = admin::quarantine_list(&db, &filter).map_err(read_failure)?;
+            for e in entries {
                 print_json(&entry(&e, show_payload));
             }
         }
         DlqCommand::Show { db, id } => {
-            let admin = open(&db)?;
-            match admin.get(&id)? {
+            match admin::quarantine_get(&db, &id).map_err(read_failure)? {
                 Some(e) => print_json(&entry(&e, true)),
                 None => return Err(Failure::error(format!("no quarantined event with id {id}"))),
             }

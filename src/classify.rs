@@ -134,22 +134,23 @@ pub fn reason_phrase(status: u16) -> Option<&'static str> {
 
 /// A response body as one line of text a person can read: markup stripped (an HTML page keeps
 /// only its visible text, without `<head>`, scripts or comments), whitespace collapsed, a
-/// leading copy of the status and reason phrase dropped (error pages repeat it), and at most
+/// leading copy of the status and its reason phrase dropped (error pages repeat it), and at most
 /// [`MAX_STATUS_TEXT_CHARS`] characters. The quarantine keeps [`body_excerpt`] instead.
 pub fn status_text(status: u16, body: &[u8]) -> String {
     let text = String::from_utf8_lossy(&body[..body.len().min(MAX_KEPT_BODY_BYTES)]);
     let visible = strip_markup(&text);
     let mut line = visible.split_whitespace().collect::<Vec<_>>().join(" ");
-    if let Some(phrase) = reason_phrase(status) {
-        let repeated = format!("{status} {phrase}");
-        if line
-            .get(..repeated.len())
-            .is_some_and(|head| head.eq_ignore_ascii_case(&repeated))
-        {
-            line = line[repeated.len()..]
-                .trim_start_matches([' ', ':', '-', '.'])
-                .to_string();
-        }
+    // "502 Bad Gateway …": the status line says that already. A server's own wording of the
+    // phrase ("503 Service Temporarily Unavailable") stays, without the number.
+    if let Some(after) = line.strip_prefix(&format!("{status} ")) {
+        let phrase = reason_phrase(status).unwrap_or_default();
+        let after = match after.get(..phrase.len()) {
+            Some(head) if !phrase.is_empty() && head.eq_ignore_ascii_case(phrase) => {
+                &after[phrase.len()..]
+            }
+            _ => after,
+        };
+        line = after.trim_start_matches([' ', ':', '-', '.']).to_string();
     }
     if line.chars().count() > MAX_STATUS_TEXT_CHARS {
         line = line.chars().take(MAX_STATUS_TEXT_CHARS - 1).collect();
@@ -356,6 +357,15 @@ mod tests {
             "HTTP 429 Too Many Requests"
         );
         assert_eq!(failure(599, "odd").to_string(), "HTTP 599: odd");
+        assert_eq!(
+            failure(503, "<h1>503 Service Temporarily Unavailable</h1>").to_string(),
+            "HTTP 503 Service Unavailable: Service Temporarily Unavailable"
+        );
+        // Only a leading status is dropped, not a number that merely starts the same.
+        assert_eq!(
+            failure(500, "5000 rows").to_string(),
+            "HTTP 500 Internal Server Error: 5000 rows"
+        );
     }
 
     #[test]

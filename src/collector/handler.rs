@@ -217,6 +217,11 @@ pub(super) async fn handle(
             tokio::time::sleep(d).await;
             Ok(by_behavior(&shared, &mut pending, &parts.headers, body).await)
         }
+        Some(Scripted::StoreThenDelay(d)) => {
+            let response = by_behavior(&shared, &mut pending, &parts.headers, body).await;
+            tokio::time::sleep(d).await;
+            Ok(response)
+        }
         None => Ok(by_behavior(&shared, &mut pending, &parts.headers, body).await),
     }
 }

@@ -21,11 +21,17 @@ const START_TRIES: usize = 3;
 /// Where Debian's package puts the binary, in case `sbin` is not on a user's PATH.
 const KNOWN_PATHS: [&str; 3] = ["/usr/sbin/nginx", "/usr/local/sbin/nginx", "/usr/bin/nginx"];
 
-/// The nginx binary, or a failure saying why there is none. The suite fails without nginx
+/// The nginx binary (`NGINX`, else PATH, else Debian's paths), or a failure saying why there
+/// is none. The suite fails without nginx
 /// rather than skip: a proxy test that silently did not run proves nothing.
 pub fn binary() -> PathBuf {
-    if let Some(path) = std::env::var_os("NGINX") {
-        return PathBuf::from(path);
+    if let Some(path) = std::env::var_os("NGINX").map(PathBuf::from) {
+        assert!(
+            path.is_file(),
+            "NGINX={} is not a file: the proxy suite needs nginx",
+            path.display()
+        );
+        return path;
     }
     let on_path = std::env::var_os("PATH")
         .map(|p| {
@@ -45,6 +51,20 @@ pub fn binary() -> PathBuf {
                  (bash .ci/run does)"
             )
         })
+}
+
+/// What nginx signs its error pages with, `nginx/1.22.1`, from `nginx -v`.
+pub fn version_tag() -> String {
+    let out = Command::new(binary())
+        .arg("-v")
+        .output()
+        .expect("run nginx -v");
+    // "nginx version: nginx/1.22.1" (on stderr), perhaps with a distribution suffix.
+    let text = String::from_utf8_lossy(&out.stderr);
+    text.split_whitespace()
+        .find(|w| w.starts_with("nginx/"))
+        .unwrap_or_else(|| panic!("unexpected `nginx -v`: {text}"))
+        .to_string()
 }
 
 /// The pieces of config a scenario adds around a plain `proxy_pass` to the upstream.

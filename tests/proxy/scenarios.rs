@@ -4,11 +4,11 @@ use std::time::Duration;
 
 use eventspool::collector::{Behavior, Scripted};
 use eventspool::quarantine::reason;
-use eventspool::{Compression, DeliveryState};
+use eventspool::{Compression, DeliveryState, PauseReason};
 use serde_json::json;
 
 use crate::harness::*;
-use crate::nginx::{Nginx, Site};
+use crate::nginx::{self, Nginx, Site};
 
 const ENDPOINT: &str = "/v1/batch";
 
@@ -230,10 +230,10 @@ fn upstream_down_502_waits_with_one_readable_line_then_delivers() {
     };
     assert_eq!(*attempts, 5);
     assert_eq!(last_error.status, Some(502));
-    let line = last_error.to_string();
-    assert!(
-        line.starts_with("HTTP 502 Bad Gateway: nginx/"),
-        "last_error {line:?}"
+    assert_eq!(
+        last_error.to_string(),
+        format!("HTTP 502 Bad Gateway: {}", nginx::version_tag()),
+        "the page's visible text, once"
     );
     let text = spool.state().to_string();
     assert!(
@@ -403,4 +403,55 @@ fn oversize_header_400_pauses_without_quarantining() {
     for id in &ids {
         assert!(collector.contains(id), "{id} delivered under its own id");
     }
+}
+
+/// A gateway that checks the key itself answers 401 for the collector: delivery pauses
+/// `Paused{auth}` after one request, nothing is quarantined, and a new key resumes it.
+#[test]
+fn gateway_401_pauses_until_a_new_key() {
+    let collector = collector(Behavior::default());
+    let nginx = Nginx::start(
+        collector.addr(),
+        &Site {
+            location: r#"if ($http_authorization != "Bearer k-good") { return 401; }"#,
+            ..Site::default()
+        },
+    );
+    let mut cfg = config(nginx.url(ENDPOINT));
+    cfg.api_key = Some("k-old".into());
+    let spool = offline_spool(cfg, Some(instant_clock()));
+    let tracked = track_small(&spool, 200, "auth");
+    spool.set_online(true);
+    let paused = spool
+        .wait_for(WAIT, |s| matches!(s.state, DeliveryState::Paused { .. }))
+        .unwrap_or_else(|| panic!("never paused: {}", spool.state()));
+    let DeliveryState::Paused { reason, last_error } = &paused.state else {
+        unreachable!()
+    };
+    assert_eq!(*reason, PauseReason::Auth);
+    // nginx words it "401 Authorization Required"; the status line keeps that, once.
+    assert_eq!(
+        last_error.to_string(),
+        format!(
+            "HTTP 401 Unauthorized: Authorization Required {}",
+            nginx::version_tag()
+        ),
+    );
+    assert_eq!(paused.pending, 200);
+    assert_eq!(spool.stats().requests, 1);
+    check_ledger(&collector, &spool, &tracked, &[]);
+
+    spool.set_api_key(Some("k-good".into())).unwrap();
+    assert!(spool.wait_drained(WAIT), "state {}", spool.state());
+    let stats = spool.stats();
+    report(
+        "401 from the gateway",
+        &nginx,
+        stats.requests,
+        stats.delivered,
+        stats.quarantined,
+    );
+    assert_eq!(stats.delivered, 200);
+    assert_eq!(nginx.statuses(stats.requests).get(&401), Some(&1));
+    check_ledger(&collector, &spool, &tracked, &[]);
 }

@@ -138,7 +138,8 @@ pub fn reason_phrase(status: u16) -> Option<&'static str> {
 /// [`MAX_STATUS_TEXT_CHARS`] characters. The quarantine keeps [`body_excerpt`] instead.
 pub fn status_text(status: u16, body: &[u8]) -> String {
     let text = String::from_utf8_lossy(&body[..body.len().min(MAX_KEPT_BODY_BYTES)]);
-    let visible = strip_markup(&text);
+    // A character cut by the bound is not part of the text.
+    let visible = strip_markup(text.trim_end_matches('\u{FFFD}'));
     let mut line = visible.split_whitespace().collect::<Vec<_>>().join(" ");
     // "502 Bad Gateway …": the status line says that already. A server's own wording of the
     // phrase ("503 Service Temporarily Unavailable") stays, without the number.
@@ -341,6 +342,9 @@ mod tests {
         let cut = status_text(500, long.as_bytes());
         assert_eq!(cut.chars().count(), MAX_STATUS_TEXT_CHARS);
         assert!(cut.ends_with('…'));
+        // A body cut by the 1 KiB bound inside a character ends at the last whole one.
+        let cut_inside = format!("{}ok é", " ".repeat(MAX_KEPT_BODY_BYTES - 4));
+        assert_eq!(status_text(500, cut_inside.as_bytes()), "ok");
         // Unclosed markup and a stray `<` never panic or loop.
         for odd in ["<", "<a", "<!--", "<head>x", "</", "a<b", "<\u{e9}"] {
             let line = status_text(502, odd.as_bytes());

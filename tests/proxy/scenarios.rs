@@ -407,6 +407,14 @@ fn oversize_header_400_pauses_without_quarantining() {
     for id in &ids {
         assert!(collector.contains(id), "{id} delivered under its own id");
     }
+    assert_ids_known(&collector, &ids);
+    let status = cli(&["status", "--db", db], "");
+    assert_eq!(
+        status.summary()["quarantine"],
+        json!({}),
+        "{}",
+        status.stdout
+    );
 }
 
 /// A gateway that checks the key itself answers 401 for the collector: delivery pauses

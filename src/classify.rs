@@ -23,8 +23,11 @@ use serde::Deserialize;
 use crate::retry::parse_retry_after;
 use crate::transport::{HttpResponse, TransportError};
 
-/// At most this much of a response body is kept with a quarantined event or an error.
+/// At most this much of a response body is kept with a quarantined event, for triage.
 pub const MAX_KEPT_BODY_BYTES: usize = 1024;
+/// At most this many characters of a response's text go into a [`Failure`]: it is shown on one
+/// status line, where a proxy's error page would otherwise spill a dozen lines of HTML.
+pub const MAX_STATUS_TEXT_CHARS: usize = 120;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Outcome {
@@ -59,8 +62,8 @@ pub struct Rejection {
     pub reason: String,
 }
 
-/// What the UI and stats show about a failed attempt: the status (if any) and a short message
-/// that never contains the API key or an event payload.
+/// What the UI and stats show about a failed attempt: the status (if any) and a short one-line
+/// message ([`status_text`]) that never contains the API key or an event payload.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Failure {
     pub status: Option<u16>,
@@ -70,7 +73,16 @@ pub struct Failure {
 impl std::fmt::Display for Failure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self.status {
-            Some(status) => write!(f, "HTTP {status}: {}", self.message),
+            Some(status) => {
+                write!(f, "HTTP {status}")?;
+                if let Some(phrase) = reason_phrase(status) {
+                    write!(f, " {phrase}")?;
+                }
+                if !self.message.is_empty() {
+                    write!(f, ": {}", self.message)?;
+                }
+                Ok(())
+            }
             None => f.write_str(&self.message),
         }
     }
@@ -98,7 +110,7 @@ pub fn classify(result: &Result<HttpResponse, TransportError>, now: SystemTime) 
     let status = response.status;
     let failure = || Failure {
         status: Some(status),
-        message: body_excerpt(&response.body),
+        message: status_text(status, &response.body),
     };
     match status {
         200..=299 if response.truncated => Outcome::Transient {
@@ -154,6 +166,102 @@ pub fn body_excerpt(body: &[u8]) -> String {
     let text = String::from_utf8_lossy(&body[..body.len().min(MAX_KEPT_BODY_BYTES)]);
     text.trim_end_matches('\u{FFFD}').trim().to_string()
 }
+
+/// The standard reason phrase of a status ("Bad Gateway"), when it has one.
+pub fn reason_phrase(status: u16) -> Option<&'static str> {
+    reqwest::StatusCode::from_u16(status)
+        .ok()?
+        .canonical_reason()
+}
+
+/// A response body as one line of text a person can read: markup stripped (an HTML page keeps
+/// only its visible text, without `<head>`, scripts or comments), whitespace collapsed, a
+/// leading copy of the status and its reason phrase dropped (error pages repeat it), and at most
+/// [`MAX_STATUS_TEXT_CHARS`] characters. The quarantine keeps [`body_excerpt`] instead.
+pub fn status_text(status: u16, body: &[u8]) -> String {
+    let text = String::from_utf8_lossy(&body[..body.len().min(MAX_KEPT_BODY_BYTES)]);
+    // A character cut by the bound is not part of the text.
+    let visible = strip_markup(text.trim_end_matches('\u{FFFD}'));
+    let mut line = visible.split_whitespace().collect::<Vec<_>>().join(" ");
+    // "502 Bad Gateway …": the status line says that already. A server's own wording of the
+    // phrase ("503 Service Temporarily Unavailable") stays, without the number.
+    if let Some(after) = line.strip_prefix(&format!("{status} ")) {
+        let phrase = reason_phrase(status).unwrap_or_default();
+        let after = match after.get(..phrase.len()) {
+            Some(head) if !phrase.is_empty() && head.eq_ignore_ascii_case(phrase) => {
+                &after[phrase.len()..]
+            }
+            _ => after,
+        };
+        line = after.trim_start_matches([' ', ':', '-', '.']).to_string();
+    }
+    if line.chars().count() > MAX_STATUS_TEXT_CHARS {
+        line = line.chars().take(MAX_STATUS_TEXT_CHARS - 1).collect();
+        line.truncate(line.trim_end().len());
+        line.push('…');
+    }
+    line
+}
+
+/// The text outside tags, with control characters as spaces and the common entities decoded.
+/// A `<` not followed by a letter, `/` or `!` is text (`a < b` in a JSON message survives).
+fn strip_markup(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(c) = rest.chars().next() {
+        let is_tag = c == '<'
+            && rest[1..]
+                .chars()
+                .next()
+                .is_some_and(|n| n.is_ascii_alphabetic() || n == '/' || n == '!');
+        if !is_tag {
+            if let Some((entity, decoded)) = ENTITIES.iter().find(|(e, _)| rest.starts_with(e)) {
+                out.push(*decoded);
+                rest = &rest[entity.len()..];
+            } else {
+                out.push(if c.is_control() { ' ' } else { c });
+                rest = &rest[c.len_utf8()..];
+            }
+            continue;
+        }
+        // A tag separates words, as a browser renders block elements apart.
+        out.push(' ');
+        if let Some(comment) = rest.strip_prefix("<!--") {
+            rest = comment.find("-->").map_or("", |end| &comment[end + 3..]);
+            continue;
+        }
+        let end = rest.find('>').map_or(rest.len(), |i| i + 1);
+        let name: String = rest[1..end]
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric())
+            .collect::<String>()
+            .to_ascii_lowercase();
+        rest = &rest[end..];
+        // Invisible content: skip to the closing tag.
+        if matches!(name.as_str(), "head" | "script" | "style" | "title") {
+            let close = format!("</{name}");
+            let lower = rest.to_ascii_lowercase();
+            rest = match lower.find(&close) {
+                Some(at) => {
+                    let after = &rest[at..];
+                    after.find('>').map_or("", |i| &after[i + 1..])
+                }
+                None => "",
+            };
+        }
+    }
+    out
+}
+
+const ENTITIES: [(&str, char); 7] = [
+    ("&amp;", '&'),
+    ("&lt;", '<'),
+    ("&gt;", '>'),
+    ("&quot;", '"'),
+    ("&#39;", '\''),
+    ("&apos;", '\''),
+    ("&nbsp;", ' '),
+];
 
 #[cfg(test)]
 mod tests {
@@ -275,6 +383,82 @@ mod tests {
         }
         match answer(503, "", &[("retry-after", "garbage")]) {
             Outcome::Transient { retry_after_ms, .. } => assert_eq!(retry_after_ms, None),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// nginx's stock 502 page, as `proxy_pass` to a closed port answers it.
+    const NGINX_502: &str = "<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n<center><h1>502 Bad Gateway</h1></center>\r\n<hr><center>nginx/1.22.1</center>\r\n</body>\r\n</html>\r\n<!-- a padding to disable MSIE and Chrome friendly error page -->\r\n<!-- a padding to disable MSIE and Chrome friendly error page -->\r\n<!-- a padding to disable MSIE and Chrome friendly error page -->\r\n<!-- a padding to disable MSIE and Chrome friendly error page -->\r\n<!-- a padding to disable MSIE and Chrome friendly error page -->\r\n<!-- a padding to disable MSIE and Chrome friendly error page -->\r\n";
+
+    #[test]
+    fn a_proxy_error_page_becomes_one_readable_line() {
+        let Outcome::Transient { failure, .. } = answer(502, NGINX_502, &[]) else {
+            panic!("502 is transient");
+        };
+        let line = failure.to_string();
+        assert_eq!(line, "HTTP 502 Bad Gateway: nginx/1.22.1");
+        assert!(!failure.message.contains('<'), "{:?}", failure.message);
+    }
+
+    #[test]
+    fn status_text_is_one_short_line() {
+        // nginx's 400 for a header over large_client_header_buffers.
+        let page = "<html>\r\n<head><title>400 Request Header Or Cookie Too Large</title></head>\r\n<body>\r\n<center><h1>400 Bad Request</h1></center>\r\n<center>Request Header Or Cookie Too Large</center>\r\n<hr><center>nginx/1.22.1</center>\r\n</body>\r\n</html>\r\n";
+        assert_eq!(
+            status_text(400, page.as_bytes()),
+            "Request Header Or Cookie Too Large nginx/1.22.1"
+        );
+        // JSON is not markup: kept, a `<` in it included.
+        assert_eq!(
+            status_text(503, b"{\"error\": \"queue   full,\n a < b\"}"),
+            r#"{"error": "queue full, a < b"}"#
+        );
+        assert_eq!(
+            status_text(
+                500,
+                b"<p>x &amp; y</p><script>alert(1)</script><style>p{}</style>"
+            ),
+            "x & y"
+        );
+        // Long text: cut at a character boundary, marked, never more than the bound.
+        let long = "é".repeat(500);
+        let cut = status_text(500, long.as_bytes());
+        assert_eq!(cut.chars().count(), MAX_STATUS_TEXT_CHARS);
+        assert!(cut.ends_with('…'));
+        // A body cut by the 1 KiB bound inside a character ends at the last whole one.
+        let cut_inside = format!("{}ok é", " ".repeat(MAX_KEPT_BODY_BYTES - 4));
+        assert_eq!(status_text(500, cut_inside.as_bytes()), "ok");
+        // Unclosed markup and a stray `<` never panic or loop.
+        for odd in ["<", "<a", "<!--", "<head>x", "</", "a<b", "<\u{e9}"] {
+            let line = status_text(502, odd.as_bytes());
+            assert!(!line.contains('\n'), "{odd:?} -> {line:?}");
+        }
+        // No body, or only the repeated reason: the status line has just the status.
+        let failure = |status, body: &str| Failure {
+            status: Some(status),
+            message: status_text(status, body.as_bytes()),
+        };
+        assert_eq!(failure(503, "").to_string(), "HTTP 503 Service Unavailable");
+        assert_eq!(
+            failure(429, "<h1>429 Too Many Requests</h1>").to_string(),
+            "HTTP 429 Too Many Requests"
+        );
+        assert_eq!(failure(599, "odd").to_string(), "HTTP 599: odd");
+        assert_eq!(
+            failure(503, "<h1>503 Service Temporarily Unavailable</h1>").to_string(),
+            "HTTP 503 Service Unavailable: Service Temporarily Unavailable"
+        );
+        // Only a leading status is dropped, not a number that merely starts the same.
+        assert_eq!(
+            failure(500, "5000 rows").to_string(),
+            "HTTP 500 Internal Server Error: 5000 rows"
+        );
+    }
+
+    #[test]
+    fn the_quarantine_keeps_the_page_itself() {
+        match answer(413, NGINX_502, &[]) {
+            Outcome::Poisoned { detail, .. } => assert!(detail.starts_with("<html>\r\n<head>")),
             other => panic!("{other:?}"),
         }
     }

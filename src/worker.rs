@@ -712,7 +712,9 @@ impl Worker {
                     message: format!(
                         "the request is refused, not its events: a batch of {events} split to \
                          single events, none accepted; nothing quarantined (collector: {})",
-                        all.last().map_or("", |r| r.detail.as_str())
+                        all.last().map_or(String::new(), |r| {
+                            crate::classify::status_text(status, r.detail.as_bytes())
+                        })
                     ),
                 };
                 for r in all.into_iter().rev() {

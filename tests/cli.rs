@@ -268,6 +268,63 @@ fn send_during_an_outage_keeps_events_for_flush() {
 }
 
 #[test]
+fn a_refused_key_pauses_and_the_summary_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let collector = Collector::start(&["--require-api-key", "right"]);
+    let input = write_input(dir.path(), &events(40, |_| "auth".into()));
+    let db = dir.path().join("s.db");
+    let out = run(&[
+        "send",
+        "--endpoint",
+        &collector.url,
+        "--db",
+        s(&db),
+        "--api-key",
+        "k-7f3a9c",
+        "--input",
+        s(&input),
+    ]);
+    assert_eq!(out.code, 3, "stdout: {} stderr: {}", out.stdout, out.stderr);
+    let summary = out.json();
+    // DESIGN §7's fields, unchanged.
+    assert_eq!(summary["state"], "paused", "{summary}");
+    assert_eq!(summary["pending"], 40, "{summary}");
+    assert_eq!(summary["delivered"], 0, "{summary}");
+    // What a script needs to act: which pause, how many attempts, the one-line error.
+    assert_eq!(summary["pause"], "auth", "{summary}");
+    assert_eq!(summary["attempts"], 1, "{summary}");
+    assert_eq!(summary["last_status"], 401, "{summary}");
+    let last_error = summary["last_error"].as_str().unwrap_or_default();
+    assert!(
+        last_error.starts_with("HTTP 401 Unauthorized") && !last_error.contains('\n'),
+        "{summary}"
+    );
+    assert!(
+        !out.stdout.contains("k-7f3a9c"),
+        "the key never shows: {summary}"
+    );
+    assert!(
+        !out.stderr.contains("k-7f3a9c"),
+        "the key never shows: {}",
+        out.stderr
+    );
+    // stderr says it once, on one line.
+    let stopped: Vec<&str> = out
+        .stderr
+        .lines()
+        .filter(|l| l.contains("HTTP 401"))
+        .collect();
+    assert_eq!(stopped.len(), 1, "stderr: {}", out.stderr);
+    assert_eq!(
+        stopped[0].matches("HTTP 401").count(),
+        1,
+        "stderr: {}",
+        out.stderr
+    );
+    assert_eq!(collector.stats()["requests"], 1);
+}
+
+#[test]
 fn a_bad_line_stops_before_anything_is_sent() {
     let dir = tempfile::tempdir().unwrap();
     let collector = Collector::start(&[]);

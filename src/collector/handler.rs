@@ -232,6 +232,11 @@ pub(super) async fn handle(
             tokio::time::sleep(d).await;
             Ok(by_behavior(&shared, &mut pending, &parts.headers, body).await)
         }
+        Some(Scripted::StoreThenDelay(d)) => {
+            let response = by_behavior(&shared, &mut pending, &parts.headers, body).await;
+            tokio::time::sleep(d).await;
+            Ok(response)
+        }
         None if carries_name(&body, shared.behavior().drop_name.as_deref()) => {
             pending.finish(None, "dropped");
             Err(DropConnection)

@@ -129,6 +129,10 @@ pub enum Scripted {
     StoreThenDrop,
     /// Wait, then handle the request normally (Behavior included).
     Delay(Duration),
+    /// Handle the request normally (the batch is stored), then wait this long before
+    /// answering: behind a proxy or a client whose timeout is shorter, the batch landed but the
+    /// sender sees a timeout or a 504, the other "effect unknown" case.
+    StoreThenDelay(Duration),
     /// Never answer; the connection stays open until an outage or shutdown.
     Hang,
     /// Answer 200 listing every event of the batch in `rejected`, each with this `reason`, and

@@ -5,41 +5,13 @@
 use std::time::Duration;
 
 use eventspool::collector::Behavior;
-use eventspool::{
-    DeliveryState, DeliveryStatus, DropReason, EventSpool, ManualClock, NewEvent, Selector,
-};
+use eventspool::{DeliveryState, DropReason, EventSpool, NewEvent, Selector};
 use serde_json::json;
 
 use crate::common::*;
+use crate::episode::drive_to_waiting_for_user;
 
 const DAY_MS: i64 = 24 * 3600 * 1000;
-
-/// Drives a stepped clock through a failure episode: every automatic retry is let go (the clock
-/// jumps to its deadline) until the budget is spent. The clock then stands still, so the
-/// slow probe behind `WaitingForUser` (a minute away or more) cannot add a request.
-fn drive_to_waiting_for_user(spool: &EventSpool, clock: &ManualClock) -> DeliveryStatus {
-    let mut seen = 0;
-    loop {
-        let st = spool
-            .wait_for(WAIT, |s| match s.state {
-                DeliveryState::WaitingForUser { .. } => true,
-                DeliveryState::RetryScheduled { attempt, .. } => attempt > seen,
-                _ => false,
-            })
-            .unwrap_or_else(|| panic!("no retry or hand-over; state {}", spool.state()));
-        match st.state {
-            DeliveryState::RetryScheduled { attempt, .. } => {
-                seen = attempt;
-                // Exactly to the retry's deadline: the episode's elapsed budget sees only the
-                // time the backoffs really took.
-                if let DeliveryState::RetryScheduled { retry_in_ms, .. } = spool.state().state {
-                    clock.advance(Duration::from_millis(retry_in_ms));
-                }
-            }
-            _ => return st,
-        }
-    }
-}
 
 fn event_at(name: &str, timestamp: &str) -> NewEvent {
     NewEvent {

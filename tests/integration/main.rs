@@ -2,6 +2,8 @@
 //! SQLite file in a temp dir. One binary with many modules, to link once.
 
 mod common;
+#[path = "../support/episode.rs"]
+mod episode;
 mod event_record;
 mod failures;
 mod pipeline;

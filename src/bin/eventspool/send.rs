@@ -17,7 +17,8 @@ use crate::{CmdResult, Connection, EXIT_OK, EXIT_PENDING, Failure, print_json};
 pub const SEND_HELP: &str = "\
 Each input line is one event: {\"name\", \"properties\", \"timestamp\"?, \"event_id\"?, \"session_id\"?}.
 Every line is checked before anything is sent; a bad line stops with exit 2 naming its number.
-Prints {\"delivered\",\"quarantined\",\"pending\",\"dropped\":{...},\"state\"} on stdout.
+Prints {\"delivered\",\"quarantined\",\"pending\",\"dropped\":{...},\"state\",\"attempts\"} on stdout;
+a stop adds \"last_error\" (one line), \"last_status\", and \"pause\" (auth or config) when paused.
 Exit 0: nothing pending. 3: stopped (retries spent, paused, or --timeout) with events pending;
 with --db they stay in the store for `eventspool flush`.
 
@@ -207,11 +208,9 @@ fn finish(
     };
     progress.done();
     let stats = spool.stats();
-    let state = last.state.name();
-    if let DeliveryState::WaitingForUser { last_error, .. }
-    | DeliveryState::Paused { last_error, .. } = &last.state
-    {
-        eprintln!("eventspool: stopped: {last}; last error: {last_error}");
+    if stuck(&last) {
+        // The status line already names the last error; once is enough.
+        eprintln!("eventspool: stopped: {last}");
     }
     spool.shutdown(Duration::from_secs(10))?;
     drops.report_unnamed(&stats);
@@ -221,7 +220,7 @@ fn finish(
             stats.pending
         );
     }
-    print_json(&summary(&stats, state, untracked));
+    print_json(&summary(&stats, &last.state, untracked));
     Ok(if stats.pending == 0 && untracked == 0 {
         EXIT_OK
     } else {
@@ -229,7 +228,10 @@ fn finish(
     })
 }
 
-fn summary(stats: &Stats, state: &str, untracked: u64) -> Value {
+/// DESIGN §7's summary, plus what a script needs to act on a stop: `pause` (`auth` or
+/// `config`) when paused, `attempts` (requests this run sent), and the one-line `last_error`
+/// with its `last_status` when the run ended on a failure.
+fn summary(stats: &Stats, state: &DeliveryState, untracked: u64) -> Value {
     let dropped: serde_json::Map<String, Value> = stats
         .dropped
         .iter()
@@ -241,8 +243,22 @@ fn summary(stats: &Stats, state: &str, untracked: u64) -> Value {
         "quarantined": stats.quarantined,
         "pending": stats.pending,
         "dropped": dropped,
-        "state": state,
+        "state": state.name(),
+        "attempts": stats.requests,
     });
+    let last_error = match state {
+        DeliveryState::Paused { reason, last_error } => {
+            out["pause"] = json!(reason.as_str());
+            Some(last_error)
+        }
+        DeliveryState::WaitingForUser { last_error, .. }
+        | DeliveryState::RetryScheduled { last_error, .. } => Some(last_error),
+        _ => None,
+    };
+    if let Some(failure) = last_error {
+        out["last_error"] = json!(failure.to_string());
+        out["last_status"] = json!(failure.status);
+    }
     if untracked > 0 {
         out["untracked"] = json!(untracked);
     }

@@ -1,0 +1,16 @@
+//! eventspool behind a real nginx (issue 11, "A proxy in the test suite"): the SDK and its CLI
+//! talk to nginx on 127.0.0.1, which proxies to the reference collector, and each scenario
+//! makes nginx answer for the collector the way proxies do in the field: 413 before the body
+//! is read, 429/503 from `limit_req`, 502 with the upstream down, 504 after the collector
+//! stored the batch, 400 for an oversize header, 401 from a gateway that checks the key.
+//!
+//! nginx must be installed (`bash .ci/run` installs Debian's package); without it every
+//! scenario fails saying so. Each scenario prints one line: requests sent (by nginx's status),
+//! events delivered and quarantined — `cargo test --all-features --test proxy -- --nocapture`.
+//! (The target needs the `cli` feature: the oversize-header scenario runs the real binary.)
+
+#[path = "../support/episode.rs"]
+mod episode;
+mod harness;
+mod nginx;
+mod scenarios;

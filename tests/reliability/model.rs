@@ -23,7 +23,9 @@
 //! queued, or one of the counted drops. Time is a [`ManualClock`] whose sleeps complete at once,
 //! so backoffs cost no real time and the jitter only moves virtual time by seconds, far from the
 //! hour-sized ages the test plays with; a step waits on published states and request counts,
-//! never on a sleep. Only a scripted "never answers" costs real time (`attempt_timeout_ms`).
+//! never on a sleep (a check that fails is only repeated, 10 ms apart and at most 30 times, in
+//! case the spill thread is between taking overflow from memory and committing it). Only a
+//! scripted "never answers" costs real time (`attempt_timeout_ms`).
 //!
 //! `EVENTSPOOL_MODEL_CASES` sets the number of cases; `EVENTSPOOL_MODEL_EXCLUDE=persist,hang,...`
 //! leaves operations or answers out of the generated cases (to look past one known failure; such

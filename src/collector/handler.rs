@@ -408,9 +408,10 @@ fn verdict(
         let body = json!({ "accepted": new, "duplicates": dup });
         (200, "stored".into(), Reply::json(200, body))
     } else {
+        let reason = b.partial_reject_reason.as_deref().unwrap_or("invalid name");
         let rejected: Vec<_> = rejected
             .iter()
-            .map(|e| json!({ "event_id": e.event_id, "reason": "invalid name" }))
+            .map(|e| json!({ "event_id": e.event_id, "reason": reason }))
             .collect();
         let body = json!({ "accepted": new, "duplicates": dup, "rejected": rejected });
         (200, "partial".into(), Reply::json(200, body))

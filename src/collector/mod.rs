@@ -94,6 +94,10 @@ pub struct Behavior {
     /// Events with this name are listed in a 200 answer's `rejected` array (reason
     /// `"invalid name"`) and not stored; the rest of the batch is stored.
     pub partial_reject_name: Option<String>,
+    /// The `reason` given for each `partial_reject_name` rejection instead of `"invalid name"`.
+    /// A long one makes a legal `rejected` list outgrow a client's response read bound, which
+    /// is how a test checks that a cut 2xx body is never read as "all delivered".
+    pub partial_reject_reason: Option<String>,
     /// Bodies larger than this as sent (before gzip decoding) are answered 413.
     pub max_body_bytes: Option<usize>,
     /// Value of the `Retry-After` header added to every 429 and 503 answer.

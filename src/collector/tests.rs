@@ -333,6 +333,23 @@ async fn partial_reject_lists_events_and_stores_the_rest() {
 }
 
 #[tokio::test]
+async fn partial_reject_reason_replaces_the_default_text() {
+    let long = "r".repeat(20_000);
+    let c = start_with(Behavior {
+        partial_reject_name: Some("bad".into()),
+        partial_reject_reason: Some(long.clone()),
+        ..Behavior::default()
+    });
+    let answer = post(&c, batch_of(&[("a", "ok"), ("b", "bad"), ("c", "bad")])).await;
+    assert_eq!(answer.status, 200);
+    assert_eq!(
+        answer.json["rejected"],
+        json!([{"event_id": "b", "reason": long}, {"event_id": "c", "reason": long}])
+    );
+    assert!(c.contains("a") && !c.contains("b") && !c.contains("c"));
+}
+
+#[tokio::test]
 async fn body_over_max_body_bytes_is_413() {
     let c = start_with(Behavior {
         max_body_bytes: Some(300),

@@ -1,10 +1,11 @@
 //! Fault tests: crashes, damaged stores, full disks, clock jumps, hostile collectors, fuzzed
-//! input, secrets in logs, and a concurrency soak. RELIABILITY.md lists what each proves.
+//! input, secrets in logs, a concurrency soak, and one model test over the whole engine. RELIABILITY.md lists what each proves.
 
 mod clock_jumps;
 mod common;
 mod crash;
 mod hostile;
+mod model;
 mod props;
 mod secrets;
 mod soak;

@@ -117,6 +117,15 @@ pub struct Shared {
     pub spill: Mutex<SpillSignal>,
     pub spill_cv: Condvar,
     pub shutdown: tokio::sync::watch::Sender<bool>,
+    /// Notices raised while a lock was held (the spill lock, mostly), waiting for the thread
+    /// that raised them to let go of it: see [`Shared::notice_later`].
+    pub deferred_notices: Mutex<Vec<Notice>>,
+}
+
+thread_local! {
+    /// Set while this thread runs an app observer, so a notice its own calls raise (a
+    /// `persist()` on a full disk from `on_notice`) is not handed back to it in a loop.
+    static IN_OBSERVER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 impl Shared {
@@ -187,17 +196,56 @@ impl Shared {
         if let Some(status) = status {
             let observers = lock(&self.observers).clone();
             for observer in observers {
-                self.contain("observer", || observer.on_state(&status));
+                self.observe(|| observer.on_state(&status));
             }
         }
     }
 
+    /// Tells the observers now. The caller holds no lock: an observer may call any verb of the
+    /// API, `shutdown()` included.
     pub fn notice(&self, notice: Notice) {
         tracing::warn!(?notice, "eventspool notice");
+        if IN_OBSERVER.get() {
+            // Raised by an observer's own call back into the spool (a `persist()` on a full disk
+            // from `on_notice`): it waits for the next delivery outside any observer, or an
+            // observer that answers each notice with a call that fails would never return.
+            lock(&self.deferred_notices).push(notice);
+            return;
+        }
         let observers = lock(&self.observers).clone();
         for observer in observers {
-            self.contain("observer", || observer.on_notice(&notice));
+            self.observe(|| observer.on_notice(&notice));
         }
+    }
+
+    /// Queues a notice raised with a lock held; the thread delivers it with
+    /// [`Shared::deliver_notices`] once it let go, so no observer ever runs under a lock of
+    /// ours (it may call `persist()`, `purge_pending()` or `shutdown()`, which take them).
+    pub fn notice_later(&self, notice: Notice) {
+        tracing::warn!(?notice, "eventspool notice");
+        lock(&self.deferred_notices).push(notice);
+    }
+
+    /// Delivers the notices [`Shared::notice_later`] queued. Call it with no lock held; inside
+    /// an observer it leaves them for the next delivery outside one.
+    pub fn deliver_notices(&self) {
+        if IN_OBSERVER.get() {
+            return;
+        }
+        let notices = std::mem::take(&mut *lock(&self.deferred_notices));
+        for notice in notices {
+            let observers = lock(&self.observers).clone();
+            for observer in observers {
+                self.observe(|| observer.on_notice(&notice));
+            }
+        }
+    }
+
+    /// Runs an app observer, contained, marking the thread as inside one.
+    fn observe(&self, f: impl FnOnce()) {
+        let outer = IN_OBSERVER.replace(true);
+        self.contain("observer", f);
+        IN_OBSERVER.set(outer);
     }
 
     /// Runs app-supplied code so that its panic cannot unwind into the SDK.
@@ -213,7 +261,8 @@ impl Shared {
     }
 
     /// Moves the oldest part of the spill queue into the store (all of it with `durability =
-    /// always`, whose callers wait for one shared commit). The caller holds `spill_lock`.
+    /// always`, whose callers wait for one shared commit). The caller holds `spill_lock`, so a
+    /// refusal is queued as a notice for [`Shared::deliver_notices`] after the caller let go.
     pub fn spill_locked(&self) -> Result<()> {
         let Some(store) = &self.store else {
             return Ok(());
@@ -246,7 +295,7 @@ impl Shared {
                 self.buffer.lock().return_spill(events);
                 self.counters.store_errors.fetch_add(1, Ordering::Relaxed);
                 self.mark_committed(generation, Some(e.to_string()));
-                self.notice(Notice::StoreUnavailable {
+                self.notice_later(Notice::StoreUnavailable {
                     reason: e.to_string(),
                 });
                 Err(e)
@@ -259,6 +308,7 @@ impl Shared {
         let guard = self.spill_lock.lock();
         let result = self.spill_locked();
         parking_lot::MutexGuard::unlock_fair(guard);
+        self.deliver_notices();
         result
     }
 
@@ -314,8 +364,16 @@ impl Shared {
         Ok(())
     }
 
-    /// Moves everything in memory to the store (see [`crate::EventSpool::persist`]).
+    /// Moves everything in memory to the store (see [`crate::EventSpool::persist`]). A refusal
+    /// is told to the observers as `StoreUnavailable` before this returns, like a refused
+    /// spill: the app that sees `Err` has been told by then.
     pub fn persist(&self) -> Result<u64> {
+        let result = self.persist_locked();
+        self.deliver_notices();
+        result
+    }
+
+    fn persist_locked(&self) -> Result<u64> {
         let s = self;
         let Some(store) = &s.store else { return Ok(0) };
         let _guard = s.spill_lock.lock();
@@ -336,6 +394,9 @@ impl Shared {
                 buffer.return_spill(all);
                 buffer.unmark_persisted(&copies);
                 s.counters.store_errors.fetch_add(1, Ordering::Relaxed);
+                s.notice_later(Notice::StoreUnavailable {
+                    reason: e.to_string(),
+                });
                 Err(e)
             }
         }

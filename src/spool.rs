@@ -160,6 +160,7 @@ impl EventSpool {
             spill: Mutex::new(SpillSignal::default()),
             spill_cv: Condvar::new(),
             shutdown,
+            deferred_notices: Mutex::new(Vec::new()),
             config,
         });
         shared
@@ -360,6 +361,14 @@ impl EventSpool {
             spill.requested
         };
         s.spill_cv.notify_all();
+        let on_spill_thread = lock(&self.handle.spiller)
+            .as_ref()
+            .is_some_and(|t| t.thread().id() == std::thread::current().id());
+        if on_spill_thread {
+            // An observer told of a refused spill tracks from the spill thread itself: nobody
+            // else would make this commit, so make it here.
+            let _ = s.spill_now();
+        }
         let deadline = Instant::now() + ALWAYS_COMMIT_WAIT;
         let mut spill = lock(&s.spill);
         while spill.committed < generation && spill.failed < generation && !spill.stop {
@@ -632,8 +641,11 @@ impl Handle {
             spill.stop = true;
         }
         s.spill_cv.notify_all();
+        // Not from the worker's thread, nor from the spill thread itself (an observer told of a
+        // refused spill calls shutdown() there): it ends once the callback returns.
         if let Some(thread) = lock(&h.spiller).take()
             && !on_worker_thread
+            && thread.thread().id() != std::thread::current().id()
         {
             let _ = thread.join();
         }

@@ -277,7 +277,10 @@ impl Worker {
             }
         }
         if self.work.is_empty() {
-            match self.assemble() {
+            let assembled = self.assemble();
+            // A refused spill (`durability = always`) is told now that the spill lock is free.
+            self.s.deliver_notices();
+            match assembled {
                 Some(batch) => self.work.push_back(batch),
                 None => {
                     self.mode = Mode::Idle;

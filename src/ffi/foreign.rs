@@ -33,8 +33,9 @@ impl From<uniffi::UnexpectedUniFFICallbackError> for ObserverError {
 }
 
 /// Told about every state change and, while a retry is scheduled, once a second with the
-/// countdown. Runs on the SDK's delivery thread: hop to the UI thread yourself, return quickly,
-/// and do not call `shutdown` and wait on it from here.
+/// countdown. Runs on an SDK thread with no SDK lock held: hop to the UI thread yourself and
+/// return quickly. Any method of the spool may be called from here, `shutdown` included (it
+/// then does not wait for the thread the callback runs on).
 #[uniffi::export(foreign)]
 pub trait DeliveryObserver: Send + Sync {
     fn on_state(&self, status: DeliveryStatus) -> Result<(), ObserverError>;

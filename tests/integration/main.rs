@@ -2,6 +2,8 @@
 //! SQLite file in a temp dir. One binary with many modules, to link once.
 
 mod common;
+mod concurrency;
 mod failures;
 mod pipeline;
 mod quarantine;
+mod reentrant;

@@ -6,6 +6,8 @@ mod common;
 mod crash;
 mod hostile;
 mod props;
+#[path = "../integration/reentrant.rs"]
+mod reentrant;
 mod secrets;
 mod soak;
 mod store_faults;

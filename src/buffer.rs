@@ -24,7 +24,8 @@ pub struct MemoryBuffer {
     /// their own timestamps do that); it is sorted again before anyone relies on its order.
     spill_unsorted: bool,
     /// Events of the batch being sent that came from memory, by seq. `persisted` marks those
-    /// `persist()` copied into the store meanwhile, so the acknowledgement deletes them there too.
+    /// `persist()` wrote to the store meanwhile as leased rows: from then on the store holds
+    /// (and counts) them, this copy is only the batch's, and the acknowledgement deletes the row.
     in_flight: BTreeMap<u64, (QueuedEvent, bool)>,
 }
 
@@ -112,7 +113,9 @@ impl MemoryBuffer {
     }
 
     /// Everything not yet in the store, for `persist()`: the queue and spill are moved out
-    /// (first), the in-flight events are copied and marked persisted (second).
+    /// (first), the in-flight events are copied and marked persisted (second). The caller
+    /// writes the copies as leased rows, so nothing (eviction, expiry, `purge_pending()`, the
+    /// next batch) touches them until the batch is answered.
     pub fn take_for_persist(&mut self) -> (Vec<QueuedEvent>, Vec<QueuedEvent>) {
         let mut moved = std::mem::take(&mut self.spill);
         self.spill_unsorted = false;
@@ -236,8 +239,10 @@ impl MemoryBuffer {
         self.queued.len()
     }
 
+    /// Events memory holds: queued, waiting to spill, and in flight unless the store holds them.
     pub fn len(&self) -> usize {
-        self.queued.len() + self.spill.len() + self.in_flight.len()
+        let persisted = self.in_flight.values().filter(|(_, p)| *p).count();
+        self.queued.len() + self.spill.len() + self.in_flight.len() - persisted
     }
 }
 

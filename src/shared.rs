@@ -346,6 +346,8 @@ impl Shared {
         self.buffer.lock().release(&memory);
         if let Some(store) = &self.store {
             store.release(&on_disk);
+            // Memory events `persist()` wrote as leased rows meanwhile now queue in the store.
+            store.release(&memory);
         }
     }
 
@@ -378,6 +380,10 @@ impl Shared {
         let Some(store) = &s.store else { return Ok(0) };
         let _guard = s.spill_lock.lock();
         let (moved, copies) = s.buffer.lock().take_for_persist();
+        // The batch in flight is written as leased rows: eviction, expiry and purge_pending()
+        // skip them and no other batch reads them, so each event stays in one place, counted once.
+        let copy_seqs: Vec<u64> = copies.iter().map(|e| e.seq).collect();
+        store.lease(&copy_seqs);
         let first_copy = moved.len();
         let mut all = moved;
         all.extend(copies);
@@ -389,10 +395,11 @@ impl Shared {
                 Ok(report.inserted)
             }
             Err(e) => {
-                let copies: Vec<u64> = all.split_off(first_copy).iter().map(|e| e.seq).collect();
+                all.truncate(first_copy);
+                store.release(&copy_seqs);
                 let mut buffer = s.buffer.lock();
                 buffer.return_spill(all);
-                buffer.unmark_persisted(&copies);
+                buffer.unmark_persisted(&copy_seqs);
                 s.counters.store_errors.fetch_add(1, Ordering::Relaxed);
                 s.notice_later(Notice::StoreUnavailable {
                     reason: e.to_string(),

@@ -571,7 +571,11 @@ impl EventSpool {
         let n = match &s.store {
             Some(store) => {
                 let _guard = s.spill_lock.lock();
-                store.redrive(selector, || s.next_seq())?
+                let n = store.redrive(selector, || s.next_seq())?;
+                // Counted before the lock goes, so the worker cannot deliver them first and
+                // take `pending` below zero.
+                s.counters.enqueued(n);
+                n
             }
             None => {
                 let taken = lock(&s.memory_quarantine).take(selector);
@@ -597,7 +601,6 @@ impl EventSpool {
                 return Ok(n);
             }
         };
-        s.counters.enqueued(n);
         s.counters.redriven.fetch_add(n, Ordering::Relaxed);
         self.flush();
         Ok(n)

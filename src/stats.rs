@@ -99,8 +99,13 @@ impl Stats {
 
     /// Whether the ledger balances (see the module docs).
     pub fn balances(&self) -> bool {
-        self.tracked + self.restored + self.redriven
-            == self.delivered + self.quarantined + self.dropped_from_queue() + self.pending
+        // Summed wide: a wrapped-around `pending` (a miscount) must fail, not wrap back to equal.
+        let wide = |v: u64| u128::from(v);
+        wide(self.tracked) + wide(self.restored) + wide(self.redriven)
+            == wide(self.delivered)
+                + wide(self.quarantined)
+                + wide(self.dropped_from_queue())
+                + wide(self.pending)
     }
 }
 
@@ -142,8 +147,10 @@ impl Counters {
         }
     }
 
+    /// Not clamped: a count below zero is a ledger bug (an event counted out twice), and it
+    /// shows as an absurdly large `pending` that fails [`Stats::balances`] instead of hiding as 0.
     pub fn pending(&self) -> u64 {
-        self.pending.load(Ordering::SeqCst).max(0) as u64
+        self.pending.load(Ordering::SeqCst) as u64
     }
 
     pub fn snapshot(&self) -> Stats {

@@ -70,6 +70,10 @@ struct Handle {
     worker_done: Mutex<Option<std::sync::mpsc::Receiver<()>>>,
     spiller: Mutex<Option<JoinHandle<()>>>,
     closed: AtomicBool,
+    /// Held shared by each `track()` from its `closed` check until its events are queued;
+    /// `shutdown()` takes it exclusively once, after setting `closed`, so its final persist
+    /// sees every event a `track()` returned `Ok` for.
+    admission: parking_lot::RwLock<()>,
 }
 
 /// The spool. See the crate documentation for the life of an event.
@@ -223,6 +227,7 @@ impl EventSpool {
                 worker_done: Mutex::new(Some(done_rx)),
                 spiller: Mutex::new(spiller),
                 closed: AtomicBool::new(false),
+                admission: parking_lot::RwLock::new(()),
             }),
         })
     }
@@ -240,6 +245,7 @@ impl EventSpool {
 
     /// Records an event with any of its optional fields set by the caller.
     pub fn track_event(&self, event: NewEvent) -> Result<EventId> {
+        let _admitted = self.handle.admission.read_recursive();
         self.check_accepting()?;
         let queued = self.prepare(&event)?;
         let id = queued.id;
@@ -255,6 +261,7 @@ impl EventSpool {
     /// named by its position (1-based) with nothing recorded. One call for many events is what
     /// makes tracking cheap from bindings whose per-call cost dwarfs the SDK's own.
     pub fn track_batch(&self, events: &[NewEvent]) -> Result<Vec<EventId>> {
+        let _admitted = self.handle.admission.read_recursive();
         self.check_accepting()?;
         let prepared = events
             .iter()
@@ -624,6 +631,9 @@ impl Handle {
         if h.closed.swap(true, Ordering::SeqCst) {
             return Ok(());
         }
+        // Waits for the track() calls already past their `closed` check: their events are
+        // queued before the final persist below, and every later call sees `closed`.
+        drop(h.admission.write());
         let s = &h.shared;
         s.control(|c| c.shutdown = true);
         s.shutdown.send_replace(true);

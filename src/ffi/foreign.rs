@@ -130,14 +130,34 @@ pub trait HttpTransport: Send + Sync {
 
 /// Runs the foreign call on tokio's blocking pool so the delivery worker's own thread stays free
 /// for timers and the attempt timeout.
-pub(crate) struct TransportAdapter(pub Arc<dyn HttpTransport>);
+///
+/// A blocking foreign call cannot be cancelled: when the worker gives up on an attempt (its
+/// timeout), the call goes on until the app's code returns. So the adapter itself keeps at most
+/// one call running: the next attempt waits for the previous call to return (within its own
+/// timeout, then it fails as a timeout like any other), and never starts a second request or a
+/// second blocking thread beside it, whatever the transport does with `timeout_ms`.
+pub(crate) struct TransportAdapter {
+    foreign: Arc<dyn HttpTransport>,
+    /// One permit, held by the blocking call from its start until the foreign code returns.
+    one_call: Arc<tokio::sync::Semaphore>,
+}
+
+impl TransportAdapter {
+    pub(crate) fn new(foreign: Arc<dyn HttpTransport>) -> TransportAdapter {
+        TransportAdapter {
+            foreign,
+            one_call: Arc::new(tokio::sync::Semaphore::new(1)),
+        }
+    }
+}
 
 impl Transport for TransportAdapter {
     fn send(
         &self,
         request: transport::HttpRequest,
     ) -> BoxFuture<'static, Result<transport::HttpResponse, TransportError>> {
-        let foreign = self.0.clone();
+        let foreign = self.foreign.clone();
+        let one_call = self.one_call.clone();
         Box::pin(async move {
             let call = TransportRequest {
                 method: request.method,
@@ -146,8 +166,19 @@ impl Transport for TransportAdapter {
                 body: request.body,
                 timeout_ms: duration_ms(request.timeout),
             };
-            // A panic in the foreign call comes back as the task's `JoinError`.
-            let joined = tokio::task::spawn_blocking(move || foreign.send(call)).await;
+            // Waits while an abandoned call (one that outlived its attempt) is still running.
+            let Ok(permit) = one_call.acquire_owned().await else {
+                return Err(TransportError::Io(
+                    "the app's HTTP transport is closed".into(),
+                ));
+            };
+            // A panic in the foreign call comes back as the task's `JoinError`; the permit goes
+            // with the closure either way.
+            let joined = tokio::task::spawn_blocking(move || {
+                let _running = permit;
+                foreign.send(call)
+            })
+            .await;
             match joined {
                 Ok(Ok(mut response)) => {
                     response.body.truncate(MAX_RESPONSE_BYTES);

@@ -279,7 +279,7 @@ impl EventSpool {
         let inner = guard(move || {
             let mut builder = crate::EventSpool::builder(config);
             if let Some(t) = transport {
-                builder = builder.transport(Arc::new(foreign::TransportAdapter(t)));
+                builder = builder.transport(Arc::new(foreign::TransportAdapter::new(t)));
             }
             if let Some(o) = observer {
                 builder = builder.observer(Arc::new(foreign::ObserverAdapter {

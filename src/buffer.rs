@@ -112,6 +112,30 @@ impl MemoryBuffer {
         self.spill_unsorted = true;
     }
 
+    /// `durability = always`: everything waiting for the store and not in flight (new events
+    /// and those a full disk refused before), for one commit.
+    pub fn take_unstored(&mut self) -> Vec<QueuedEvent> {
+        let mut events = std::mem::take(&mut self.spill);
+        self.spill_unsorted = false;
+        events.extend(std::mem::take(&mut self.queued).into_values());
+        events
+    }
+
+    /// `durability = always`: keeps events the store refused in the queue, where the worker
+    /// delivers them while the disk stays full (their callers were told `NotDurable`), at most
+    /// `max` of them; the oldest beyond that are dropped and their count returned
+    /// (`memory_overflow`).
+    pub fn keep_refused(&mut self, events: Vec<QueuedEvent>, max: usize) -> u64 {
+        for event in events {
+            self.queued.insert(event.key(), event);
+        }
+        let mut dropped = 0;
+        while self.queued.len() > max && self.queued.pop_first().is_some() {
+            dropped += 1;
+        }
+        dropped
+    }
+
     /// Everything not yet in the store, for `persist()`: the queue and spill are moved out
     /// (first), the in-flight events are copied and marked persisted (second). The caller
     /// writes the copies as leased rows, so nothing (eviction, expiry, `purge_pending()`, the
@@ -338,6 +362,25 @@ mod tests {
             b.queued_len(),
             0,
             "a persisted event is not returned to memory"
+        );
+    }
+
+    #[test]
+    fn refused_events_stay_readable_and_bounded() {
+        let mut b = MemoryBuffer::default();
+        for i in 0..6 {
+            b.push_spill(ev(i, i as u64));
+        }
+        let events = b.take_unstored();
+        assert_eq!(events.len(), 6);
+        assert_eq!(b.keep_refused(events, 4), 2, "the two oldest go");
+        let order: Vec<_> = b.peek(10, false).map(QueuedEvent::key).collect();
+        assert_eq!(order, [(2, 2), (3, 3), (4, 4), (5, 5)]);
+        b.push_spill(ev(9, 9));
+        assert_eq!(
+            b.take_unstored().len(),
+            5,
+            "refused events are retried with new ones"
         );
     }
 

@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
-use crate::buffer::MemoryBuffer;
+use crate::buffer::{MemoryBuffer, SPILL_BACKLOG_MIN};
 use crate::clock::Clock;
 use crate::config::{Config, Durability};
 use crate::error::Result;
@@ -267,13 +267,12 @@ impl Shared {
         let Some(store) = &self.store else {
             return Ok(());
         };
-        let chunk = match self.config.durability {
-            Durability::Spill => SPILL_CHUNK,
-            Durability::Always => usize::MAX,
-        };
         let (events, generation, rest) = {
             let mut buffer = self.buffer.lock();
-            let events = buffer.take_spill(chunk);
+            let events = match self.config.durability {
+                Durability::Spill => buffer.take_spill(SPILL_CHUNK),
+                Durability::Always => buffer.take_unstored(),
+            };
             (events, lock(&self.spill).requested, buffer.spill_len())
         };
         if events.is_empty() {
@@ -292,13 +291,28 @@ impl Shared {
                 Ok(())
             }
             Err(e) => {
-                self.buffer.lock().return_spill(events);
+                self.give_back_refused(events);
                 self.counters.store_errors.fetch_add(1, Ordering::Relaxed);
                 self.mark_committed(generation, Some(e.to_string()));
                 self.notice_later(Notice::StoreUnavailable {
                     reason: e.to_string(),
                 });
                 Err(e)
+            }
+        }
+    }
+
+    /// Puts back events the store refused. With `spill` they wait to spill again (the worker
+    /// reads that queue too). With `always` they join the queue the worker reads, bounded like
+    /// the spill backlog (`max(memory_capacity, SPILL_BACKLOG_MIN)`, the oldest dropped as
+    /// `memory_overflow`): a full disk must neither hide them from delivery nor grow memory.
+    fn give_back_refused(&self, events: Vec<QueuedEvent>) {
+        match self.config.durability {
+            Durability::Spill => self.buffer.lock().return_spill(events),
+            Durability::Always => {
+                let max = (self.config.memory_capacity as usize).max(SPILL_BACKLOG_MIN);
+                let dropped = self.buffer.lock().keep_refused(events, max);
+                self.counters.drop(DropReason::MemoryOverflow, dropped);
             }
         }
     }
@@ -397,9 +411,8 @@ impl Shared {
             Err(e) => {
                 all.truncate(first_copy);
                 store.release(&copy_seqs);
-                let mut buffer = s.buffer.lock();
-                buffer.return_spill(all);
-                buffer.unmark_persisted(&copy_seqs);
+                s.buffer.lock().unmark_persisted(&copy_seqs);
+                s.give_back_refused(all);
                 s.counters.store_errors.fetch_add(1, Ordering::Relaxed);
                 s.notice_later(Notice::StoreUnavailable {
                     reason: e.to_string(),

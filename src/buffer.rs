@@ -65,6 +65,32 @@ impl MemoryBuffer {
         overflow
     }
 
+    /// How many events memory can take now without dropping any: the room left in the queue
+    /// (`capacity`) plus the room left in the spill backlog.
+    pub fn room(&self, capacity: usize) -> usize {
+        let ceiling = capacity.max(SPILL_BACKLOG_MIN);
+        capacity.saturating_sub(self.queued.len()) + ceiling.saturating_sub(self.spill.len())
+    }
+
+    /// Adds the events of one `track_batch` call that its caller made room for (see
+    /// [`MemoryBuffer::room`]): like [`MemoryBuffer::push`], but the spill backlog may pass its
+    /// ceiling by what other threads added meanwhile rather than drop part of the batch.
+    /// Returns true when the spiller should wake.
+    pub fn push_batch(&mut self, events: Vec<QueuedEvent>, capacity: usize) -> bool {
+        let mut spill_started = false;
+        for event in events {
+            self.queued.insert(event.key(), event);
+            while self.queued.len() > capacity {
+                let Some((_, oldest)) = self.queued.pop_first() else {
+                    break;
+                };
+                spill_started |= self.spill.is_empty();
+                self.add_to_spill(oldest);
+            }
+        }
+        spill_started
+    }
+
     /// Adds straight to the spill queue (durability `always`).
     pub fn push_spill(&mut self, event: QueuedEvent) -> bool {
         let started = self.spill.is_empty();

@@ -46,6 +46,11 @@ pub enum Error {
     Storage(String),
     #[error("not found: {0}")]
     NotFound(String),
+    /// A `track_batch` call that could not be recorded whole (more events than memory holds
+    /// without a store, or a store that refused the part memory could not hold): nothing of
+    /// it was recorded.
+    #[error("batch refused, nothing recorded: {0}")]
+    BatchRefused(String),
     /// `durability = always` could not put these events in the store (disk full, I/O error, or
     /// no commit within the wait). They are queued in memory and will be delivered, but a crash
     /// before the store recovers loses them; the app that chose `always` decides what that means.

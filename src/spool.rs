@@ -261,7 +261,17 @@ impl EventSpool {
     /// named by its position (1-based) with nothing recorded. One call for many events is what
     /// makes tracking cheap from bindings whose per-call cost dwarfs the SDK's own.
     pub fn track_batch(&self, events: &[NewEvent]) -> Result<Vec<EventId>> {
-        let _admitted = self.handle.admission.read_recursive();
+        let result = {
+            let _admitted = self.handle.admission.read_recursive();
+            self.track_batch_admitted(events)
+        };
+        // A store refusal is told once the call let go of every lock (an observer may call
+        // shutdown(), which waits for admitted calls).
+        self.shared().deliver_notices();
+        result
+    }
+
+    fn track_batch_admitted(&self, events: &[NewEvent]) -> Result<Vec<EventId>> {
         self.check_accepting()?;
         let prepared = events
             .iter()
@@ -273,6 +283,23 @@ impl EventSpool {
             .collect::<Result<Vec<_>>>()?;
         let ids: Vec<EventId> = prepared.iter().map(|q| q.id).collect();
         let n = prepared.len() as u64;
+        let s = self.shared();
+        if s.config.durability == Durability::Spill {
+            match &s.store {
+                Some(store) => {
+                    self.accept_spilling(store, prepared)?;
+                    return Ok(ids);
+                }
+                None if n > s.config.memory_capacity => {
+                    return Err(Error::BatchRefused(format!(
+                        "{n} events are more than memory_capacity ({}) holds, and without a \
+                         db_path there is no store to spill to; split the batch",
+                        s.config.memory_capacity
+                    )));
+                }
+                None => {}
+            }
+        }
         match self.accept(prepared, n) {
             Ok(()) => Ok(ids),
             Err(reason) => Err(Error::NotDurable {
@@ -327,6 +354,68 @@ impl EventSpool {
             }
             Durability::Always => self.enqueue_durably(events),
         };
+        self.wake_if_due(first);
+        durable
+    }
+
+    /// `track_batch` with a store (`durability = spill`): the whole batch is recorded, never
+    /// part of it dropped. What memory has room for is queued; the oldest rest is written to
+    /// the store on the caller's thread (back-pressure: a bulk call waits for the disk rather
+    /// than memory growing or events dropping). If the store refuses, nothing is recorded (the
+    /// notice is delivered by the caller once it let go of the admission lock).
+    fn accept_spilling(&self, store: &Store, mut events: Vec<QueuedEvent>) -> Result<()> {
+        let s = self.shared();
+        let n = events.len() as u64;
+        if n == 0 {
+            return Ok(());
+        }
+        let capacity = s.config.memory_capacity as usize;
+        {
+            // The worker and the spiller wait while the batch is split between memory and the
+            // store, so no event is seen half-recorded; other threads' track() calls do not.
+            let _guard = s.spill_lock.lock();
+            let room = s.buffer.lock().room(capacity);
+            let mut written = Ok(());
+            if events.len() > room {
+                events.sort_unstable_by_key(QueuedEvent::key);
+                let rest = events.split_off(events.len() - room);
+                let direct = std::mem::replace(&mut events, rest);
+                written = match store.insert(&direct) {
+                    Ok(report) => {
+                        s.counters.drop(DropReason::DiskCap, report.evicted);
+                        s.counters
+                            .drop(DropReason::QuarantineCap, report.evicted_quarantine);
+                        Ok(())
+                    }
+                    Err(e) => {
+                        s.counters.store_errors.fetch_add(1, Ordering::Relaxed);
+                        s.notice_later(Notice::StoreUnavailable {
+                            reason: e.to_string(),
+                        });
+                        Err(Error::BatchRefused(format!(
+                            "{n} events do not fit in memory (room for {room}) and the store \
+                             refused the rest: {e}"
+                        )))
+                    }
+                };
+            }
+            if written.is_ok() {
+                s.counters.tracked.fetch_add(n, Ordering::Relaxed);
+                let first = s.counters.enqueued(n) == 0;
+                if s.buffer.lock().push_batch(events, capacity) {
+                    lock(&s.spill).requested += 1;
+                    s.spill_cv.notify_all();
+                }
+                self.wake_if_due(first);
+            }
+            written
+        }
+    }
+
+    /// Wakes the worker when `flush_at` is reached, or for the first pending event (which
+    /// arms its periodic flush).
+    fn wake_if_due(&self, first: bool) {
+        let s = self.shared();
         if s.counters.pending() >= s.config.flush_at && !s.flush_at_reached.load(Ordering::Relaxed)
         {
             s.flush_at_reached.store(true, Ordering::SeqCst);
@@ -334,7 +423,6 @@ impl EventSpool {
         } else if first {
             s.wake.notify_one();
         }
-        durable
     }
 
     fn enqueue(&self, event: QueuedEvent) {

@@ -54,6 +54,10 @@ pub enum SpoolError {
     Storage { reason: String },
     #[error("not found: {reason}")]
     NotFound { reason: String },
+    /// A `track_batch` that could not be recorded whole (larger than memory without a store, or
+    /// the store refused what memory could not hold); nothing of it was recorded.
+    #[error("batch refused, nothing recorded: {reason}")]
+    BatchRefused { reason: String },
     /// `durability = always` could not put these events in the store (disk full, I/O error).
     /// They are queued in memory and will be delivered; a crash before the store recovers
     /// loses them.
@@ -80,6 +84,7 @@ impl From<Error> for SpoolError {
             Error::ShutDown => SpoolError::ShutDown,
             Error::Storage(reason) => SpoolError::Storage { reason },
             Error::NotFound(reason) => SpoolError::NotFound { reason },
+            Error::BatchRefused(reason) => SpoolError::BatchRefused { reason },
             Error::NotDurable { event_ids, reason } => SpoolError::NotDurable {
                 event_ids: event_ids.iter().map(ToString::to_string).collect(),
                 reason,

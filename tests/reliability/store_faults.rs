@@ -539,3 +539,48 @@ fn durability_always_on_a_full_disk_delivers_and_bounds_memory() {
     spool.shutdown(Duration::from_secs(5)).unwrap();
     integrity_ok(&fs.path().join("events.db")).unwrap();
 }
+
+/// A `track_batch` larger than memory on a full disk (`durability = spill`) is refused whole,
+/// saying why, rather than recorded in part: nothing of it is counted or queued.
+#[test]
+fn a_track_batch_the_full_disk_cannot_take_is_refused_whole() {
+    let fs = TinyFs::mount(1024 * 1024);
+    let collector = ReferenceCollector::start(CollectorConfig::default()).unwrap();
+    let notices = Arc::new(Notices::default());
+    let mut c = fast_config(&collector.url());
+    c.db_path = Some(fs.path().join("events.db"));
+    c.memory_capacity = 100;
+    let spool = EventSpool::builder(c)
+        .observer(notices.clone())
+        .start_offline()
+        .open()
+        .unwrap();
+    let filler = fill(fs.path());
+    // Memory holds 100 queued plus 10,000 waiting to spill; the rest must go to the store.
+    let batch: Vec<NewEvent> = (0..11_000)
+        .map(|i| NewEvent::new("bulk", json!({"i": i})))
+        .collect();
+    let err = spool
+        .track_batch(&batch)
+        .err()
+        .expect("a batch a full disk cannot take returned Ok");
+    assert!(
+        matches!(err, Error::BatchRefused(_)) && err.to_string().contains("store"),
+        "{err}"
+    );
+    let stats = spool.stats();
+    assert_eq!((stats.tracked, stats.pending), (0, 0), "{stats:?}");
+    assert_eq!(stats.dropped_from_queue(), 0, "{stats:?}");
+    assert!(
+        notices
+            .0
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|n| matches!(n, Notice::StoreUnavailable { .. })),
+        "no StoreUnavailable notice"
+    );
+    std::fs::remove_file(filler).unwrap();
+    assert_eq!(spool.track_batch(&batch).unwrap().len(), 11_000);
+    assert_eq!(spool.stats().dropped_from_queue(), 0);
+}

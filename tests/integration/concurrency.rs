@@ -59,11 +59,14 @@ fn persist_while_a_batch_is_in_flight_keeps_each_event_in_one_place() {
     c.flush_at = 5;
     let spool = EventSpool::builder(c)
         .clock(instant_clock())
+        .start_offline()
         .open()
         .unwrap();
     for i in 0..5 {
         spool.track("in_flight", json!({"i": i})).unwrap();
     }
+    // All five leave in one batch.
+    spool.set_online(true);
     // The collector took the request (the script item is claimed on arrival) and holds it.
     wait_until("the batch to reach the collector", WAIT, || {
         collector.pending_script() == 0
@@ -81,6 +84,7 @@ fn persist_while_a_batch_is_in_flight_keeps_each_event_in_one_place() {
         "purge_pending() deleted events of the batch in flight"
     );
     assert!(spool.wait_drained(WAIT), "{}", spool.state());
+    assert_eq!(collector.request_count(), 1, "one batch of five");
     let stats = spool.stats();
     assert_eq!(stats.delivered, 5, "{stats:?}");
     assert_eq!(stats.dropped(DropReason::Purged), 0, "{stats:?}");
@@ -198,8 +202,7 @@ fn a_track_batch_larger_than_memory_without_a_store_is_refused_whole() {
         .collect();
     let err = spool
         .track_batch(&batch)
-        .err()
-        .expect("a batch of 150 into 100 events of memory returned Ok");
+        .expect_err("a batch of 150 into 100 events of memory returned Ok");
     let text = err.to_string();
     assert!(
         text.contains("150") && text.contains("memory_capacity"),

@@ -562,8 +562,7 @@ fn a_track_batch_the_full_disk_cannot_take_is_refused_whole() {
         .collect();
     let err = spool
         .track_batch(&batch)
-        .err()
-        .expect("a batch a full disk cannot take returned Ok");
+        .expect_err("a batch a full disk cannot take returned Ok");
     assert!(
         matches!(err, Error::BatchRefused(_)) && err.to_string().contains("store"),
         "{err}"

@@ -52,8 +52,10 @@ pub enum Error {
     #[error("batch refused, nothing recorded: {0}")]
     BatchRefused(String),
     /// `durability = always` could not put these events in the store (disk full, I/O error, or
-    /// no commit within the wait). They are queued in memory and will be delivered, but a crash
-    /// before the store recovers loses them; the app that chose `always` decides what that means.
+    /// no commit within the wait). They are queued in memory and will be delivered (memory keeps
+    /// at most `max(memory_capacity, SPILL_BACKLOG_MIN)` such events, the oldest beyond that
+    /// dropped as `memory_overflow`), but a crash before the store recovers loses them; the app
+    /// that chose `always` decides what that means.
     #[error("tracked in memory only, not durable ({} event(s)): {reason}", event_ids.len())]
     NotDurable {
         event_ids: Vec<crate::EventId>,

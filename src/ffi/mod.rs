@@ -59,8 +59,9 @@ pub enum SpoolError {
     #[error("batch refused, nothing recorded: {reason}")]
     BatchRefused { reason: String },
     /// `durability = always` could not put these events in the store (disk full, I/O error).
-    /// They are queued in memory and will be delivered; a crash before the store recovers
-    /// loses them.
+    /// They are queued in memory and will be delivered (at most max(memory_capacity, 10,000) of
+    /// them, the oldest beyond that dropped as `memory_overflow`); a crash before the store
+    /// recovers loses them.
     #[error("tracked in memory only, not durable: {reason}")]
     NotDurable {
         event_ids: Vec<String>,

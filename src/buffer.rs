@@ -24,7 +24,8 @@ pub struct MemoryBuffer {
     /// their own timestamps do that); it is sorted again before anyone relies on its order.
     spill_unsorted: bool,
     /// Events of the batch being sent that came from memory, by seq. `persisted` marks those
-    /// `persist()` copied into the store meanwhile, so the acknowledgement deletes them there too.
+    /// `persist()` wrote to the store meanwhile as leased rows: from then on the store holds
+    /// (and counts) them, this copy is only the batch's, and the acknowledgement deletes the row.
     in_flight: BTreeMap<u64, (QueuedEvent, bool)>,
 }
 
@@ -62,6 +63,32 @@ impl MemoryBuffer {
             overflow.dropped += excess as u64;
         }
         overflow
+    }
+
+    /// How many events memory can take now without dropping any: the room left in the queue
+    /// (`capacity`) plus the room left in the spill backlog.
+    pub fn room(&self, capacity: usize) -> usize {
+        let ceiling = capacity.max(SPILL_BACKLOG_MIN);
+        capacity.saturating_sub(self.queued.len()) + ceiling.saturating_sub(self.spill.len())
+    }
+
+    /// Adds the events of one `track_batch` call that its caller made room for (see
+    /// [`MemoryBuffer::room`]): like [`MemoryBuffer::push`], but the spill backlog may pass its
+    /// ceiling by what other threads added meanwhile rather than drop part of the batch.
+    /// Returns true when the spiller should wake.
+    pub fn push_batch(&mut self, events: Vec<QueuedEvent>, capacity: usize) -> bool {
+        let mut spill_started = false;
+        for event in events {
+            self.queued.insert(event.key(), event);
+            while self.queued.len() > capacity {
+                let Some((_, oldest)) = self.queued.pop_first() else {
+                    break;
+                };
+                spill_started |= self.spill.is_empty();
+                self.add_to_spill(oldest);
+            }
+        }
+        spill_started
     }
 
     /// Adds straight to the spill queue (durability `always`).
@@ -111,8 +138,34 @@ impl MemoryBuffer {
         self.spill_unsorted = true;
     }
 
+    /// `durability = always`: everything waiting for the store and not in flight (new events
+    /// and those a full disk refused before), for one commit.
+    pub fn take_unstored(&mut self) -> Vec<QueuedEvent> {
+        let mut events = std::mem::take(&mut self.spill);
+        self.spill_unsorted = false;
+        events.extend(std::mem::take(&mut self.queued).into_values());
+        events
+    }
+
+    /// `durability = always`: keeps events the store refused in the queue, where the worker
+    /// delivers them while the disk stays full (their callers were told `NotDurable`), at most
+    /// `max` of them; the oldest beyond that are dropped and their count returned
+    /// (`memory_overflow`).
+    pub fn keep_refused(&mut self, events: Vec<QueuedEvent>, max: usize) -> u64 {
+        for event in events {
+            self.queued.insert(event.key(), event);
+        }
+        let mut dropped = 0;
+        while self.queued.len() > max && self.queued.pop_first().is_some() {
+            dropped += 1;
+        }
+        dropped
+    }
+
     /// Everything not yet in the store, for `persist()`: the queue and spill are moved out
-    /// (first), the in-flight events are copied and marked persisted (second).
+    /// (first), the in-flight events are copied and marked persisted (second). The caller
+    /// writes the copies as leased rows, so nothing (eviction, expiry, `purge_pending()`, the
+    /// next batch) touches them until the batch is answered.
     pub fn take_for_persist(&mut self) -> (Vec<QueuedEvent>, Vec<QueuedEvent>) {
         let mut moved = std::mem::take(&mut self.spill);
         self.spill_unsorted = false;
@@ -253,8 +306,10 @@ impl MemoryBuffer {
         self.queued.len()
     }
 
+    /// Events memory holds: queued, waiting to spill, and in flight unless the store holds them.
     pub fn len(&self) -> usize {
-        self.queued.len() + self.spill.len() + self.in_flight.len()
+        let persisted = self.in_flight.values().filter(|(_, p)| *p).count();
+        self.queued.len() + self.spill.len() + self.in_flight.len() - persisted
     }
 }
 
@@ -352,6 +407,25 @@ mod tests {
             b.queued_len(),
             0,
             "a persisted event is not returned to memory"
+        );
+    }
+
+    #[test]
+    fn refused_events_stay_readable_and_bounded() {
+        let mut b = MemoryBuffer::default();
+        for i in 0..6 {
+            b.push_spill(ev(i, i as u64));
+        }
+        let events = b.take_unstored();
+        assert_eq!(events.len(), 6);
+        assert_eq!(b.keep_refused(events, 4), 2, "the two oldest go");
+        let order: Vec<_> = b.peek(10, false).map(QueuedEvent::key).collect();
+        assert_eq!(order, [(2, 2), (3, 3), (4, 4), (5, 5)]);
+        b.push_spill(ev(9, 9));
+        assert_eq!(
+            b.take_unstored().len(),
+            5,
+            "refused events are retried with new ones"
         );
     }
 

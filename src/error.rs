@@ -46,9 +46,16 @@ pub enum Error {
     Storage(String),
     #[error("not found: {0}")]
     NotFound(String),
+    /// A `track_batch` call that could not be recorded whole (more events than memory holds
+    /// without a store, or a store that refused the part memory could not hold): nothing of
+    /// it was recorded.
+    #[error("batch refused, nothing recorded: {0}")]
+    BatchRefused(String),
     /// `durability = always` could not put these events in the store (disk full, I/O error, or
-    /// no commit within the wait). They are queued in memory and will be delivered, but a crash
-    /// before the store recovers loses them; the app that chose `always` decides what that means.
+    /// no commit within the wait). They are queued in memory and will be delivered (memory keeps
+    /// at most `max(memory_capacity, SPILL_BACKLOG_MIN)` such events, the oldest beyond that
+    /// dropped as `memory_overflow`), but a crash before the store recovers loses them; the app
+    /// that chose `always` decides what that means.
     #[error("tracked in memory only, not durable ({} event(s)): {reason}", event_ids.len())]
     NotDurable {
         event_ids: Vec<crate::EventId>,

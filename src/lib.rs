@@ -41,6 +41,7 @@ pub mod ffi;
 #[cfg(feature = "ffi")]
 uniffi::setup_scaffolding!();
 
+pub use buffer::SPILL_BACKLOG_MIN;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{Compression, Config, Durability};
 pub use error::{ConfigError, Error, Result};

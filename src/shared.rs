@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
-use crate::buffer::MemoryBuffer;
+use crate::buffer::{MemoryBuffer, SPILL_BACKLOG_MIN};
 use crate::clock::Clock;
 use crate::config::{Config, Durability};
 use crate::error::Result;
@@ -126,6 +126,15 @@ pub struct Shared {
     /// Seeds the worker's retry and probe jitter (tests and simulations replay a run); `None`
     /// draws from the system.
     pub jitter_seed: Option<u64>,
+    /// Notices raised while a lock was held (the spill lock, mostly), waiting for the thread
+    /// that raised them to let go of it: see [`Shared::notice_later`].
+    pub deferred_notices: Mutex<Vec<Notice>>,
+}
+
+thread_local! {
+    /// Set while this thread runs an app observer, so a notice its own calls raise (a
+    /// `persist()` on a full disk from `on_notice`) is not handed back to it in a loop.
+    static IN_OBSERVER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 impl Shared {
@@ -202,17 +211,56 @@ impl Shared {
         if let Some(status) = status {
             let observers = lock(&self.observers).clone();
             for observer in observers {
-                self.contain("observer", || observer.on_state(&status));
+                self.observe(|| observer.on_state(&status));
             }
         }
     }
 
+    /// Tells the observers now. The caller holds no lock: an observer may call any verb of the
+    /// API, `shutdown()` included.
     pub fn notice(&self, notice: Notice) {
         tracing::warn!(?notice, "eventspool notice");
+        if IN_OBSERVER.get() {
+            // Raised by an observer's own call back into the spool (a `persist()` on a full disk
+            // from `on_notice`): it waits for the next delivery outside any observer, or an
+            // observer that answers each notice with a call that fails would never return.
+            lock(&self.deferred_notices).push(notice);
+            return;
+        }
         let observers = lock(&self.observers).clone();
         for observer in observers {
-            self.contain("observer", || observer.on_notice(&notice));
+            self.observe(|| observer.on_notice(&notice));
         }
+    }
+
+    /// Queues a notice raised with a lock held; the thread delivers it with
+    /// [`Shared::deliver_notices`] once it let go, so no observer ever runs under a lock of
+    /// ours (it may call `persist()`, `purge_pending()` or `shutdown()`, which take them).
+    pub fn notice_later(&self, notice: Notice) {
+        tracing::warn!(?notice, "eventspool notice");
+        lock(&self.deferred_notices).push(notice);
+    }
+
+    /// Delivers the notices [`Shared::notice_later`] queued. Call it with no lock held; inside
+    /// an observer it leaves them for the next delivery outside one.
+    pub fn deliver_notices(&self) {
+        if IN_OBSERVER.get() {
+            return;
+        }
+        let notices = std::mem::take(&mut *lock(&self.deferred_notices));
+        for notice in notices {
+            let observers = lock(&self.observers).clone();
+            for observer in observers {
+                self.observe(|| observer.on_notice(&notice));
+            }
+        }
+    }
+
+    /// Runs an app observer, contained, marking the thread as inside one.
+    fn observe(&self, f: impl FnOnce()) {
+        let outer = IN_OBSERVER.replace(true);
+        self.contain("observer", f);
+        IN_OBSERVER.set(outer);
     }
 
     /// Runs app-supplied code so that its panic cannot unwind into the SDK.
@@ -228,18 +276,18 @@ impl Shared {
     }
 
     /// Moves the oldest part of the spill queue into the store (all of it with `durability =
-    /// always`, whose callers wait for one shared commit). The caller holds `spill_lock`.
+    /// always`, whose callers wait for one shared commit). The caller holds `spill_lock`, so a
+    /// refusal is queued as a notice for [`Shared::deliver_notices`] after the caller let go.
     pub fn spill_locked(&self) -> Result<()> {
         let Some(store) = &self.store else {
             return Ok(());
         };
-        let chunk = match self.config.durability {
-            Durability::Spill => SPILL_CHUNK,
-            Durability::Always => usize::MAX,
-        };
         let (events, generation, rest) = {
             let mut buffer = self.buffer.lock();
-            let events = buffer.take_spill(chunk);
+            let events = match self.config.durability {
+                Durability::Spill => buffer.take_spill(SPILL_CHUNK),
+                Durability::Always => buffer.take_unstored(),
+            };
             (events, lock(&self.spill).requested, buffer.spill_len())
         };
         if events.is_empty() {
@@ -258,13 +306,28 @@ impl Shared {
                 Ok(())
             }
             Err(e) => {
-                self.buffer.lock().return_spill(events);
+                self.give_back_refused(events);
                 self.counters.store_errors.fetch_add(1, Ordering::Relaxed);
                 self.mark_committed(generation, Some(e.to_string()));
-                self.notice(Notice::StoreUnavailable {
+                self.notice_later(Notice::StoreUnavailable {
                     reason: e.to_string(),
                 });
                 Err(e)
+            }
+        }
+    }
+
+    /// Puts back events the store refused. With `spill` they wait to spill again (the worker
+    /// reads that queue too). With `always` they join the queue the worker reads, bounded like
+    /// the spill backlog (`max(memory_capacity, SPILL_BACKLOG_MIN)`, the oldest dropped as
+    /// `memory_overflow`): a full disk must neither hide them from delivery nor grow memory.
+    fn give_back_refused(&self, events: Vec<QueuedEvent>) {
+        match self.config.durability {
+            Durability::Spill => self.buffer.lock().return_spill(events),
+            Durability::Always => {
+                let max = (self.config.memory_capacity as usize).max(SPILL_BACKLOG_MIN);
+                let dropped = self.buffer.lock().keep_refused(events, max);
+                self.counters.drop(DropReason::MemoryOverflow, dropped);
             }
         }
     }
@@ -274,6 +337,7 @@ impl Shared {
         let guard = self.spill_lock.lock();
         let result = self.spill_locked();
         parking_lot::MutexGuard::unlock_fair(guard);
+        self.deliver_notices();
         result
     }
 
@@ -311,6 +375,8 @@ impl Shared {
         self.buffer.lock().release(&memory);
         if let Some(store) = &self.store {
             store.release(&on_disk);
+            // Memory events `persist()` wrote as leased rows meanwhile now queue in the store.
+            store.release(&memory);
         }
     }
 
@@ -362,12 +428,24 @@ impl Shared {
         Ok(())
     }
 
-    /// Moves everything in memory to the store (see [`crate::EventSpool::persist`]).
+    /// Moves everything in memory to the store (see [`crate::EventSpool::persist`]). A refusal
+    /// is told to the observers as `StoreUnavailable` before this returns, like a refused
+    /// spill: the app that sees `Err` has been told by then.
     pub fn persist(&self) -> Result<u64> {
+        let result = self.persist_locked();
+        self.deliver_notices();
+        result
+    }
+
+    fn persist_locked(&self) -> Result<u64> {
         let s = self;
         let Some(store) = &s.store else { return Ok(0) };
         let _guard = s.spill_lock.lock();
         let (moved, copies) = s.buffer.lock().take_for_persist();
+        // The batch in flight is written as leased rows: eviction, expiry and purge_pending()
+        // skip them and no other batch reads them, so each event stays in one place, counted once.
+        let copy_seqs: Vec<u64> = copies.iter().map(|e| e.seq).collect();
+        store.lease(&copy_seqs);
         let first_copy = moved.len();
         let mut all = moved;
         all.extend(copies);
@@ -379,11 +457,14 @@ impl Shared {
                 Ok(report.inserted)
             }
             Err(e) => {
-                let copies: Vec<u64> = all.split_off(first_copy).iter().map(|e| e.seq).collect();
-                let mut buffer = s.buffer.lock();
-                buffer.return_spill(all);
-                buffer.unmark_persisted(&copies);
+                all.truncate(first_copy);
+                store.release(&copy_seqs);
+                s.buffer.lock().unmark_persisted(&copy_seqs);
+                s.give_back_refused(all);
                 s.counters.store_errors.fetch_add(1, Ordering::Relaxed);
+                s.notice_later(Notice::StoreUnavailable {
+                    reason: e.to_string(),
+                });
                 Err(e)
             }
         }

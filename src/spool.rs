@@ -16,7 +16,7 @@ use crate::event::{self, EventId, NewEvent, QueuedEvent};
 use crate::quarantine::{ListFilter, MemoryQuarantine, QuarantinedEvent, Selector};
 use crate::shared::{Control, Shared, SpillSignal, StateCell, lock};
 use crate::state::{DeliveryObserver, DeliveryState, DeliveryStatus, Notice};
-use crate::stats::{Counters, DropReason, Stats};
+use crate::stats::{Counters, DropReason, Entry, Stats};
 use crate::store::Store;
 use crate::transport::{ReqwestTransport, Transport, TransportError};
 use crate::worker;
@@ -78,6 +78,10 @@ struct Handle {
     worker_done: Mutex<Option<std::sync::mpsc::Receiver<()>>>,
     spiller: Mutex<Option<JoinHandle<()>>>,
     closed: AtomicBool,
+    /// Held shared by each `track()` from its `closed` check until its events are queued;
+    /// `shutdown()` takes it exclusively once, after setting `closed`, so its final persist
+    /// sees every event a `track()` returned `Ok` for.
+    admission: parking_lot::RwLock<()>,
 }
 
 /// The spool. See the crate documentation for the life of an event.
@@ -170,13 +174,10 @@ impl EventSpool {
             spill_cv: Condvar::new(),
             shutdown,
             jitter_seed: b.jitter_seed,
+            deferred_notices: Mutex::new(Vec::new()),
             config,
         });
-        shared
-            .counters
-            .restored
-            .fetch_add(restored, Ordering::Relaxed);
-        shared.counters.enqueued(restored);
+        shared.counters.entered(Entry::Restored, restored);
         if restored >= shared.config.flush_at {
             shared.flush_at_reached.store(true, Ordering::SeqCst);
         }
@@ -232,6 +233,7 @@ impl EventSpool {
                 worker_done: Mutex::new(Some(done_rx)),
                 spiller: Mutex::new(spiller),
                 closed: AtomicBool::new(false),
+                admission: parking_lot::RwLock::new(()),
             }),
         })
     }
@@ -249,6 +251,7 @@ impl EventSpool {
 
     /// Records an event with any of its optional fields set by the caller.
     pub fn track_event(&self, event: NewEvent) -> Result<EventId> {
+        let _admitted = self.handle.admission.read_recursive();
         self.check_accepting()?;
         let queued = self.prepare(&event)?;
         let id = queued.id;
@@ -264,6 +267,17 @@ impl EventSpool {
     /// named by its position (1-based) with nothing recorded. One call for many events is what
     /// makes tracking cheap from bindings whose per-call cost dwarfs the SDK's own.
     pub fn track_batch(&self, events: &[NewEvent]) -> Result<Vec<EventId>> {
+        let result = {
+            let _admitted = self.handle.admission.read_recursive();
+            self.track_batch_admitted(events)
+        };
+        // A store refusal is told once the call let go of every lock (an observer may call
+        // shutdown(), which waits for admitted calls).
+        self.shared().deliver_notices();
+        result
+    }
+
+    fn track_batch_admitted(&self, events: &[NewEvent]) -> Result<Vec<EventId>> {
         self.check_accepting()?;
         let prepared = events
             .iter()
@@ -275,6 +289,23 @@ impl EventSpool {
             .collect::<Result<Vec<_>>>()?;
         let ids: Vec<EventId> = prepared.iter().map(|q| q.id).collect();
         let n = prepared.len() as u64;
+        let s = self.shared();
+        if s.config.durability == Durability::Spill {
+            match &s.store {
+                Some(store) => {
+                    self.accept_spilling(store, prepared)?;
+                    return Ok(ids);
+                }
+                None if n > s.config.memory_capacity => {
+                    return Err(Error::BatchRefused(format!(
+                        "{n} events are more than memory_capacity ({}) holds, and without a \
+                         db_path there is no store to spill to; split the batch",
+                        s.config.memory_capacity
+                    )));
+                }
+                None => {}
+            }
+        }
         match self.accept(prepared, n) {
             Ok(()) => Ok(ids),
             Err(reason) => Err(Error::NotDurable {
@@ -316,10 +347,9 @@ impl EventSpool {
         if n == 0 {
             return Ok(());
         }
-        s.counters.tracked.fetch_add(n, Ordering::Relaxed);
         // The first pending event arms the worker's periodic flush (an idle worker with nothing
         // to send sleeps without a deadline).
-        let first = s.counters.enqueued(n) == 0;
+        let first = s.counters.entered(Entry::Tracked, n) == 0;
         let durable = match s.config.durability {
             Durability::Spill => {
                 for event in events {
@@ -329,6 +359,67 @@ impl EventSpool {
             }
             Durability::Always => self.enqueue_durably(events),
         };
+        self.wake_if_due(first);
+        durable
+    }
+
+    /// `track_batch` with a store (`durability = spill`): the whole batch is recorded, never
+    /// part of it dropped. What memory has room for is queued; the oldest rest is written to
+    /// the store on the caller's thread (back-pressure: a bulk call waits for the disk rather
+    /// than memory growing or events dropping). If the store refuses, nothing is recorded (the
+    /// notice is delivered by the caller once it let go of the admission lock).
+    fn accept_spilling(&self, store: &Store, mut events: Vec<QueuedEvent>) -> Result<()> {
+        let s = self.shared();
+        let n = events.len() as u64;
+        if n == 0 {
+            return Ok(());
+        }
+        let capacity = s.config.memory_capacity as usize;
+        {
+            // The worker and the spiller wait while the batch is split between memory and the
+            // store, so no event is seen half-recorded; other threads' track() calls do not.
+            let _guard = s.spill_lock.lock();
+            let room = s.buffer.lock().room(capacity);
+            let mut written = Ok(());
+            if events.len() > room {
+                events.sort_unstable_by_key(QueuedEvent::key);
+                let rest = events.split_off(events.len() - room);
+                let direct = std::mem::replace(&mut events, rest);
+                written = match store.insert(&direct) {
+                    Ok(report) => {
+                        s.counters.drop(DropReason::DiskCap, report.evicted);
+                        s.counters
+                            .drop(DropReason::QuarantineCap, report.evicted_quarantine);
+                        Ok(())
+                    }
+                    Err(e) => {
+                        s.counters.store_errors.fetch_add(1, Ordering::Relaxed);
+                        s.notice_later(Notice::StoreUnavailable {
+                            reason: e.to_string(),
+                        });
+                        Err(Error::BatchRefused(format!(
+                            "{n} events do not fit in memory (room for {room}) and the store \
+                             refused the rest: {e}"
+                        )))
+                    }
+                };
+            }
+            if written.is_ok() {
+                let first = s.counters.entered(Entry::Tracked, n) == 0;
+                if s.buffer.lock().push_batch(events, capacity) {
+                    lock(&s.spill).requested += 1;
+                    s.spill_cv.notify_all();
+                }
+                self.wake_if_due(first);
+            }
+            written
+        }
+    }
+
+    /// Wakes the worker when `flush_at` is reached, or for the first pending event (which
+    /// arms its periodic flush).
+    fn wake_if_due(&self, first: bool) {
+        let s = self.shared();
         if s.counters.pending() >= s.config.flush_at && !s.flush_at_reached.load(Ordering::Relaxed)
         {
             s.flush_at_reached.store(true, Ordering::SeqCst);
@@ -336,7 +427,6 @@ impl EventSpool {
         } else if first {
             s.wake.notify_one();
         }
-        durable
     }
 
     fn enqueue(&self, event: QueuedEvent) {
@@ -370,6 +460,14 @@ impl EventSpool {
             spill.requested
         };
         s.spill_cv.notify_all();
+        let on_spill_thread = lock(&self.handle.spiller)
+            .as_ref()
+            .is_some_and(|t| t.thread().id() == std::thread::current().id());
+        if on_spill_thread {
+            // An observer told of a refused spill tracks from the spill thread itself: nobody
+            // else would make this commit, so make it here.
+            let _ = s.spill_now();
+        }
         let deadline = Instant::now() + ALWAYS_COMMIT_WAIT;
         let mut spill = lock(&s.spill);
         while spill.committed < generation && spill.failed < generation && !spill.stop {
@@ -585,13 +683,16 @@ impl EventSpool {
         let n = match &s.store {
             Some(store) => {
                 let _guard = s.spill_lock.lock();
-                store.redrive(selector, s.clock.wall_ms(), || s.next_seq())?
+                let n = store.redrive(selector, s.clock.wall_ms(), || s.next_seq())?;
+                // Counted before the lock goes, so the worker cannot deliver them first and
+                // take `pending` below zero.
+                s.counters.entered(Entry::Redriven, n);
+                n
             }
             None => {
                 let taken = lock(&s.memory_quarantine).take(selector);
                 let n = taken.len() as u64;
-                s.counters.enqueued(n);
-                s.counters.redriven.fetch_add(n, Ordering::Relaxed);
+                s.counters.entered(Entry::Redriven, n);
                 for q in taken {
                     let id = EventId::parse(&q.event_id)?;
                     let event = QueuedEvent {
@@ -615,8 +716,6 @@ impl EventSpool {
                 return Ok(n);
             }
         };
-        s.counters.enqueued(n);
-        s.counters.redriven.fetch_add(n, Ordering::Relaxed);
         self.flush();
         Ok(n)
     }
@@ -639,6 +738,9 @@ impl Handle {
         if h.closed.swap(true, Ordering::SeqCst) {
             return Ok(());
         }
+        // Waits for the track() calls already past their `closed` check: their events are
+        // queued before the final persist below, and every later call sees `closed`.
+        drop(h.admission.write());
         let s = &h.shared;
         s.control(|c| c.shutdown = true);
         s.shutdown.send_replace(true);
@@ -659,8 +761,11 @@ impl Handle {
             spill.stop = true;
         }
         s.spill_cv.notify_all();
+        // Not from the worker's thread, nor from the spill thread itself (an observer told of a
+        // refused spill calls shutdown() there): it ends once the callback returns.
         if let Some(thread) = lock(&h.spiller).take()
             && !on_worker_thread
+            && thread.thread().id() != std::thread::current().id()
         {
             let _ = thread.join();
         }

@@ -154,8 +154,10 @@ pub enum Notice {
 }
 
 /// Told about every transition and, while a retry is scheduled, once a second with the
-/// countdown. Called on the SDK's worker thread with no lock held: an app hops to its UI thread
-/// itself. A panic inside it is caught and does not stop delivery.
+/// countdown. States come on the SDK's worker thread; a notice on whichever SDK thread (or the
+/// app's own, in `persist()`) met the condition. Always with no lock of the SDK held, so it may
+/// call any verb, `shutdown()` included (which then does not wait for the thread it runs on); an
+/// app hops to its UI thread itself. A panic inside it is caught and does not stop delivery.
 pub trait DeliveryObserver: Send + Sync {
     fn on_state(&self, status: &DeliveryStatus);
     fn on_notice(&self, _notice: &Notice) {}

@@ -99,55 +99,126 @@ impl Stats {
 
     /// Whether the ledger balances (see the module docs).
     pub fn balances(&self) -> bool {
-        self.tracked + self.restored + self.redriven
-            == self.delivered + self.quarantined + self.dropped_from_queue() + self.pending
+        // Summed wide: a wrapped-around `pending` (a miscount) must fail, not wrap back to equal.
+        let wide = |v: u64| u128::from(v);
+        wide(self.tracked) + wide(self.restored) + wide(self.redriven)
+            == wide(self.delivered)
+                + wide(self.quarantined)
+                + wide(self.dropped_from_queue())
+                + wide(self.pending)
     }
 }
 
+/// How events enter the queue, for [`Counters::entered`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Entry {
+    /// `track()` and its kin.
+    Tracked,
+    /// Found in the store at open.
+    Restored,
+    /// Moved back from the quarantine.
+    Redriven,
+}
+
+/// How events leave the queue without a drop reason, for [`Counters::left`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Exit {
+    Delivered,
+    Quarantined,
+}
+
 /// The live counters behind [`Stats`]; lock-free so `track()` pays a few atomic adds.
+///
+/// Every move of events changes two ledger counters (`tracked` and `pending`, `delivered` and
+/// `pending`, ...). The moves go through [`Counters::entered`], [`Counters::left`] and
+/// [`Counters::drop`], which hold the shared side of a gate while they update; a
+/// [`Counters::snapshot`] takes the exclusive side for the few loads it makes, so it never sees
+/// a move half done and a snapshot taken while events move still balances exactly. Many moves
+/// pass the gate at once; a snapshot waits only for the moves in progress (a few atomic adds),
+/// and `parking_lot`'s lock lets it in ahead of new ones, so a thread tracking in a tight loop
+/// cannot starve `stats()`.
 #[derive(Default)]
 pub struct Counters {
-    pub tracked: AtomicU64,
-    pub restored: AtomicU64,
-    pub redriven: AtomicU64,
-    pub delivered: AtomicU64,
-    pub quarantined: AtomicU64,
-    pub pending: AtomicI64,
+    tracked: AtomicU64,
+    restored: AtomicU64,
+    redriven: AtomicU64,
+    delivered: AtomicU64,
+    quarantined: AtomicU64,
+    pending: AtomicI64,
     pub requests: AtomicU64,
     pub batches_delivered: AtomicU64,
     pub store_errors: AtomicU64,
     pub stores_recovered: AtomicU64,
     pub panics: AtomicU64,
     dropped: [AtomicU64; 6],
+    /// Shared by moves, exclusive for a snapshot.
+    gate: parking_lot::RwLock<()>,
 }
 
 impl Counters {
-    /// Counts events that entered the queue; returns the pending count before them.
-    pub fn enqueued(&self, n: u64) -> i64 {
-        self.pending.fetch_add(n as i64, Ordering::SeqCst)
+    /// Runs one move of the ledger, marked so a snapshot never sees half of it.
+    fn moving<T>(&self, f: impl FnOnce() -> T) -> T {
+        let _move = self.gate.read();
+        f()
     }
 
-    /// Counts events that left the queue without a drop reason (delivered or quarantined).
-    pub fn dequeued(&self, n: u64) {
-        self.pending.fetch_sub(n as i64, Ordering::SeqCst);
+    /// Counts events that entered the queue; returns the pending count before them.
+    pub fn entered(&self, how: Entry, n: u64) -> i64 {
+        if n == 0 {
+            return self.pending.load(Ordering::SeqCst);
+        }
+        let counter = match how {
+            Entry::Tracked => &self.tracked,
+            Entry::Restored => &self.restored,
+            Entry::Redriven => &self.redriven,
+        };
+        self.moving(|| {
+            counter.fetch_add(n, Ordering::SeqCst);
+            self.pending.fetch_add(n as i64, Ordering::SeqCst)
+        })
+    }
+
+    /// Counts events that left the queue delivered or quarantined.
+    pub fn left(&self, how: Exit, n: u64) {
+        if n == 0 {
+            return;
+        }
+        let counter = match how {
+            Exit::Delivered => &self.delivered,
+            Exit::Quarantined => &self.quarantined,
+        };
+        self.moving(|| {
+            counter.fetch_add(n, Ordering::SeqCst);
+            self.pending.fetch_sub(n as i64, Ordering::SeqCst);
+        });
     }
 
     pub fn drop(&self, reason: DropReason, n: u64) {
         if n == 0 {
             return;
         }
-        self.dropped[reason as usize].fetch_add(n, Ordering::Relaxed);
-        if reason.leaves_queue() {
-            self.dequeued(n);
-        }
+        self.moving(|| {
+            self.dropped[reason as usize].fetch_add(n, Ordering::SeqCst);
+            if reason.leaves_queue() {
+                self.pending.fetch_sub(n as i64, Ordering::SeqCst);
+            }
+        });
     }
 
+    /// Not clamped: a count below zero is a ledger bug (an event counted out twice), and it
+    /// shows as an absurdly large `pending` that fails [`Stats::balances`] instead of hiding as 0.
     pub fn pending(&self) -> u64 {
-        self.pending.load(Ordering::SeqCst).max(0) as u64
+        self.pending.load(Ordering::SeqCst) as u64
     }
 
+    /// The counters as one consistent picture (see the type's docs).
     pub fn snapshot(&self) -> Stats {
-        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let _no_move = self.gate.write();
+        self.read()
+    }
+
+    fn read(&self) -> Stats {
+        let get = |c: &AtomicU64| c.load(Ordering::SeqCst);
         Stats {
             tracked: get(&self.tracked),
             restored: get(&self.restored),
@@ -166,5 +237,53 @@ impl Counters {
             panics: get(&self.panics),
             ..Stats::default()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicBool;
+
+    /// Snapshots taken while other threads move events in and out still balance: without the
+    /// in-progress marks a reader between `delivered += n` and `pending -= n` saw the events in
+    /// neither place (a flaky ledger check under load).
+    #[test]
+    fn a_snapshot_taken_while_events_move_balances() {
+        let counters = Arc::new(Counters::default());
+        let stop = Arc::new(AtomicBool::new(false));
+        let movers: Vec<_> = (0..3)
+            .map(|i| {
+                let (c, stop) = (counters.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        c.entered(Entry::Tracked, 3);
+                        c.left(Exit::Delivered, 1);
+                        Counters::drop(&c, DropReason::Expired, 1);
+                        c.left(
+                            if i == 0 {
+                                Exit::Quarantined
+                            } else {
+                                Exit::Delivered
+                            },
+                            1,
+                        );
+                    }
+                })
+            })
+            .collect();
+        let mut unbalanced = 0;
+        for _ in 0..20_000 {
+            if !counters.snapshot().balances() {
+                unbalanced += 1;
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        for m in movers {
+            m.join().unwrap();
+        }
+        assert_eq!(unbalanced, 0, "snapshots that did not balance");
+        assert!(counters.snapshot().balances());
     }
 }

@@ -15,7 +15,7 @@ use crate::retry::{AfterFailure, Episode, after_failure, next_delay_ms, probe_de
 use crate::shared::{Control, Shared, lock, seqs_by_origin};
 use crate::split::{LoneRefusal, SizeLimit, Split};
 use crate::state::{DeliveryState, Notice, PauseReason};
-use crate::stats::DropReason;
+use crate::stats::{DropReason, Exit};
 use crate::transport::{HttpRequest, TransportError};
 use crate::wire;
 
@@ -362,7 +362,10 @@ impl Worker {
         if self.work.is_empty() {
             self.isolation = None;
             self.expire_queue();
-            match self.assemble() {
+            let assembled = self.assemble();
+            // A refused spill (`durability = always`) is told now that the spill lock is free.
+            self.s.deliver_notices();
+            match assembled {
                 Some(batch) => self.work.push_back(batch),
                 None => {
                     self.mode = Mode::Idle;
@@ -785,12 +788,11 @@ impl Worker {
         if let Err(e) = self.s.remove_from_queue(&events) {
             tracing::error!(error = %e, "could not delete delivered events; they may be sent again");
         }
-        self.s.counters.delivered.fetch_add(n, Ordering::Relaxed);
+        self.s.counters.left(Exit::Delivered, n);
         self.s
             .counters
             .batches_delivered
             .fetch_add(1, Ordering::Relaxed);
-        self.s.counters.dequeued(n);
         self.fresh_episode();
     }
 
@@ -821,8 +823,7 @@ impl Worker {
         if let Err(e) = self.s.remove_from_queue(&events) {
             tracing::error!(error = %e, "could not remove quarantined events from the queue");
         }
-        self.s.counters.quarantined.fetch_add(n, Ordering::Relaxed);
-        self.s.counters.dequeued(n);
+        self.s.counters.left(Exit::Quarantined, n);
     }
 
     fn transient(&mut self, failure: Failure, retry_after_ms: Option<u64>) {

@@ -9,6 +9,13 @@ background thread hands the gathered events to `EventSpool.track_batch` in one c
 What this trades, on purpose:
 - An event is in the spool (and so in its memory queue or store) up to `max_delay_s` after
   `track()` returned; `flush()`, `close()` and interpreter exit hand over what is waiting.
+- What it holds is bounded: at most `max_held` events wait here (default 4 x `max_events`).
+  A `track()` that finds that many waiting hands them over itself before returning
+  (back-pressure on a thread that tracks faster than the spool takes them), and each call to
+  the spool carries at most `max_events` events.
+- At process death: a normal exit (atexit), `close()` and `flush()` hand everything over; a
+  hard kill (SIGKILL, a crash) loses what was waiting here, at most `max_held` events plus the
+  chunk being handed over, whatever the spool's `durability`.
 - The event's timestamp is the time of the `track()` call (taken then, formatted later).
 - Bad input that Python can see (empty or over-long name, properties that are not a dict or not
   JSON-serializable) raises at `track()`. Anything the SDK refuses later (an event over
@@ -34,11 +41,14 @@ def _timestamp(t):
 
 
 class BatchingTracker:
-    def __init__(self, spool, max_events=512, max_delay_s=0.05):
-        if max_events < 1 or max_delay_s <= 0:
-            raise ValueError("max_events must be >= 1 and max_delay_s > 0")
+    def __init__(self, spool, max_events=512, max_delay_s=0.05, max_held=None):
+        if max_held is None:
+            max_held = 4 * max_events
+        if max_events < 1 or max_delay_s <= 0 or max_held < max_events:
+            raise ValueError("max_events must be >= 1, max_delay_s > 0 and max_held >= max_events")
         self._spool = spool
         self._max_events = max_events
+        self._max_held = max_held
         self._max_delay_s = max_delay_s
         self._waiting = []  # (line without timestamp, time.time(), has_timestamp)
         self._errors = []
@@ -64,12 +74,18 @@ class BatchingTracker:
         if session_id is not None:
             event["session_id"] = session_id
         line = json.dumps(event, separators=(",", ":"))  # TypeError for what JSON cannot hold
+        full = None
         with self._cond:
             if self._closed:
                 raise RuntimeError("the tracker is closed")
             self._waiting.append((line, time.time(), timestamp is not None))
-            if len(self._waiting) == 1 or len(self._waiting) >= self._max_events:
+            if len(self._waiting) >= self._max_held:
+                # The background thread is behind: this thread hands over what waits itself.
+                full, self._waiting = self._waiting, []
+            elif len(self._waiting) == 1 or len(self._waiting) >= self._max_events:
                 self._cond.notify()
+        if full:
+            self._hand_over(full)
 
     def flush(self):
         """Hands everything waiting to the spool now; returns how many events it recorded."""
@@ -116,6 +132,13 @@ class BatchingTracker:
             self._hand_over(waiting)
 
     def _hand_over(self, waiting):
+        """Hands events to the spool in calls of at most `max_events`; returns how many it took."""
+        recorded = 0
+        for start in range(0, len(waiting), self._max_events):
+            recorded += self._hand_over_chunk(waiting[start:start + self._max_events])
+        return recorded
+
+    def _hand_over_chunk(self, waiting):
         if not waiting:
             return 0
         lines = [line if has_ts else '{"timestamp":"%s",%s' % (_timestamp(t), line[1:])

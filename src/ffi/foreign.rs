@@ -33,8 +33,9 @@ impl From<uniffi::UnexpectedUniFFICallbackError> for ObserverError {
 }
 
 /// Told about every state change and, while a retry is scheduled, once a second with the
-/// countdown. Runs on the SDK's delivery thread: hop to the UI thread yourself, return quickly,
-/// and do not call `shutdown` and wait on it from here.
+/// countdown. Runs on an SDK thread with no SDK lock held: hop to the UI thread yourself and
+/// return quickly. Any method of the spool may be called from here, `shutdown` included (it
+/// then does not wait for the thread the callback runs on).
 #[uniffi::export(foreign)]
 pub trait DeliveryObserver: Send + Sync {
     fn on_state(&self, status: DeliveryStatus) -> Result<(), ObserverError>;
@@ -129,14 +130,34 @@ pub trait HttpTransport: Send + Sync {
 
 /// Runs the foreign call on tokio's blocking pool so the delivery worker's own thread stays free
 /// for timers and the attempt timeout.
-pub(crate) struct TransportAdapter(pub Arc<dyn HttpTransport>);
+///
+/// A blocking foreign call cannot be cancelled: when the worker gives up on an attempt (its
+/// timeout), the call goes on until the app's code returns. So the adapter itself keeps at most
+/// one call running: the next attempt waits for the previous call to return (within its own
+/// timeout, then it fails as a timeout like any other), and never starts a second request or a
+/// second blocking thread beside it, whatever the transport does with `timeout_ms`.
+pub(crate) struct TransportAdapter {
+    foreign: Arc<dyn HttpTransport>,
+    /// One permit, held by the blocking call from its start until the foreign code returns.
+    one_call: Arc<tokio::sync::Semaphore>,
+}
+
+impl TransportAdapter {
+    pub(crate) fn new(foreign: Arc<dyn HttpTransport>) -> TransportAdapter {
+        TransportAdapter {
+            foreign,
+            one_call: Arc::new(tokio::sync::Semaphore::new(1)),
+        }
+    }
+}
 
 impl Transport for TransportAdapter {
     fn send(
         &self,
         request: transport::HttpRequest,
     ) -> BoxFuture<'static, Result<transport::HttpResponse, TransportError>> {
-        let foreign = self.0.clone();
+        let foreign = self.foreign.clone();
+        let one_call = self.one_call.clone();
         let bound = request.max_response_bytes;
         Box::pin(async move {
             let call = TransportRequest {
@@ -146,8 +167,19 @@ impl Transport for TransportAdapter {
                 body: request.body,
                 timeout_ms: duration_ms(request.timeout),
             };
-            // A panic in the foreign call comes back as the task's `JoinError`.
-            let joined = tokio::task::spawn_blocking(move || foreign.send(call)).await;
+            // Waits while an abandoned call (one that outlived its attempt) is still running.
+            let Ok(permit) = one_call.acquire_owned().await else {
+                return Err(TransportError::Io(
+                    "the app's HTTP transport is closed".into(),
+                ));
+            };
+            // A panic in the foreign call comes back as the task's `JoinError`; the permit goes
+            // with the closure either way.
+            let joined = tokio::task::spawn_blocking(move || {
+                let _running = permit;
+                foreign.send(call)
+            })
+            .await;
             match joined {
                 Ok(Ok(mut response)) => {
                     let truncated = response.body.len() > bound;

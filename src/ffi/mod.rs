@@ -54,9 +54,14 @@ pub enum SpoolError {
     Storage { reason: String },
     #[error("not found: {reason}")]
     NotFound { reason: String },
+    /// A `track_batch` that could not be recorded whole (larger than memory without a store, or
+    /// the store refused what memory could not hold); nothing of it was recorded.
+    #[error("batch refused, nothing recorded: {reason}")]
+    BatchRefused { reason: String },
     /// `durability = always` could not put these events in the store (disk full, I/O error).
-    /// They are queued in memory and will be delivered; a crash before the store recovers
-    /// loses them.
+    /// They are queued in memory and will be delivered (at most max(memory_capacity, 10,000) of
+    /// them, the oldest beyond that dropped as `memory_overflow`); a crash before the store
+    /// recovers loses them.
     #[error("tracked in memory only, not durable: {reason}")]
     NotDurable {
         event_ids: Vec<String>,
@@ -80,6 +85,7 @@ impl From<Error> for SpoolError {
             Error::ShutDown => SpoolError::ShutDown,
             Error::Storage(reason) => SpoolError::Storage { reason },
             Error::NotFound(reason) => SpoolError::NotFound { reason },
+            Error::BatchRefused(reason) => SpoolError::BatchRefused { reason },
             Error::NotDurable { event_ids, reason } => SpoolError::NotDurable {
                 event_ids: event_ids.iter().map(ToString::to_string).collect(),
                 reason,
@@ -353,7 +359,7 @@ impl EventSpool {
         let inner = guard(move || {
             let mut builder = crate::EventSpool::builder(config);
             if let Some(t) = transport {
-                builder = builder.transport(Arc::new(foreign::TransportAdapter(t)));
+                builder = builder.transport(Arc::new(foreign::TransportAdapter::new(t)));
             }
             if let Some(o) = observer {
                 builder = builder.observer(Arc::new(foreign::ObserverAdapter {
@@ -669,7 +675,7 @@ mod tests {
             .unwrap();
         let bound = response_bound(10);
         for (len, cut) in [(bound, false), (bound + 1, true), (10 << 20, true)] {
-            let adapter = foreign::TransportAdapter(Arc::new(Answers(len)));
+            let adapter = foreign::TransportAdapter::new(Arc::new(Answers(len)));
             let request = HttpRequest {
                 method: "POST".into(),
                 url: "https://x.example/b".into(),

@@ -2,6 +2,7 @@
 //! SQLite file in a temp dir. One binary with many modules, to link once.
 
 mod common;
+mod concurrency;
 #[path = "../support/episode.rs"]
 mod episode;
 mod event_record;
@@ -9,3 +10,4 @@ mod failures;
 mod pipeline;
 mod policy;
 mod quarantine;
+mod reentrant;

@@ -7,6 +7,8 @@ mod crash;
 mod hostile;
 mod model;
 mod props;
+#[path = "../integration/reentrant.rs"]
+mod reentrant;
 mod secrets;
 mod soak;
 mod store_faults;

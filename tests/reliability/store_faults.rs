@@ -9,6 +9,7 @@ use eventspool::{DeliveryStatus, Durability, Error, EventSpool, NewEvent, Notice
 use serde_json::json;
 
 use crate::common::{fast_config, integrity_ok};
+use crate::reentrant::Reentrant;
 
 /// Records notices so a test can check what the app was told.
 #[derive(Default)]
@@ -177,25 +178,28 @@ fn a_store_path_that_cannot_exist_is_refused_naming_it() {
     );
 }
 
-/// A tiny tmpfs mounted for one test (root only); `None` where mounting is not allowed.
+/// A tiny tmpfs mounted for one test. Mounting needs root (CI runs as root); where it is not
+/// permitted the test fails saying so, rather than passing without having run.
 struct TinyFs {
     dir: tempfile::TempDir,
 }
 
 impl TinyFs {
-    fn mount(bytes: u64) -> Option<TinyFs> {
-        let dir = tempfile::tempdir().ok()?;
-        let ok = std::process::Command::new("mount")
+    fn mount(bytes: u64) -> TinyFs {
+        let dir = tempfile::tempdir().expect("temp dir for the tmpfs mount point");
+        let out = std::process::Command::new("mount")
             .args(["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs"])
             .arg(dir.path())
-            .status()
-            .map(|s| s.success())
-            .unwrap_or(false);
-        if !ok {
-            eprintln!("mount -t tmpfs not permitted here: full-disk test skipped");
-            return None;
+            .output();
+        match out {
+            Ok(out) if out.status.success() => TinyFs { dir },
+            Ok(out) => panic!(
+                "this test needs `mount -t tmpfs` (run as root, as CI does); mount refused: {} {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+            Err(e) => panic!("this test needs `mount -t tmpfs` (run as root, as CI does): {e}"),
         }
-        Some(TinyFs { dir })
     }
 
     fn path(&self) -> &Path {
@@ -234,9 +238,7 @@ fn fill(dir: &Path) -> PathBuf {
 }
 
 fn full_disk() {
-    let Some(fs) = TinyFs::mount(1024 * 1024) else {
-        return;
-    };
+    let fs = TinyFs::mount(1024 * 1024);
     let collector = ReferenceCollector::start(CollectorConfig::default()).unwrap();
     let notices = Arc::new(Notices::default());
     let mut c = fast_config(&collector.url());
@@ -322,9 +324,7 @@ fn full_disk_keeps_tracking_in_memory_and_resumes() {
 /// running memory-only while the app believes its events are kept.
 #[test]
 fn read_only_location_is_refused_naming_the_path() {
-    let Some(fs) = TinyFs::mount(1024 * 1024) else {
-        return;
-    };
+    let fs = TinyFs::mount(1024 * 1024);
     let mut c = fast_config("http://127.0.0.1:9/v1/batch");
     c.db_path = Some(fs.path().join("events.db"));
     let spool = EventSpool::builder(c.clone())
@@ -362,9 +362,7 @@ fn read_only_location_is_refused_naming_the_path() {
 /// space returns, and is delivered with its id.
 #[test]
 fn durability_always_names_the_events_a_full_disk_kept_in_memory_only() {
-    let Some(fs) = TinyFs::mount(1024 * 1024) else {
-        return;
-    };
+    let fs = TinyFs::mount(1024 * 1024);
     let collector = ReferenceCollector::start(CollectorConfig::default()).unwrap();
     let mut c = fast_config(&collector.url());
     c.db_path = Some(fs.path().join("events.db"));
@@ -438,4 +436,150 @@ fn durability_always_names_the_events_a_full_disk_kept_in_memory_only() {
     );
     spool.shutdown(Duration::from_secs(5)).unwrap();
     integrity_ok(&fs.path().join("events.db")).unwrap();
+}
+
+/// A full disk makes the spool tell the app `StoreUnavailable`; the observer calls every verb
+/// of the API from inside `on_notice` (`persist()`, `purge_pending()`, `quarantine_redrive()`,
+/// `shutdown()`, ...) and each returns: no notice is delivered with a lock held, from the spill
+/// thread or the worker, with either durability.
+#[test]
+fn an_observer_may_call_every_verb_from_on_notice() {
+    for durability in [Durability::Spill, Durability::Always] {
+        let fs = TinyFs::mount(1024 * 1024);
+        let collector = ReferenceCollector::start(CollectorConfig::default()).unwrap();
+        let mut c = fast_config(&collector.url());
+        c.db_path = Some(fs.path().join("events.db"));
+        c.memory_capacity = 10;
+        c.durability = durability;
+        let spool = EventSpool::builder(c).open().unwrap();
+        let (observer, rx) = Reentrant::new(true);
+        observer.spool.set(spool.clone()).ok().unwrap();
+        spool.add_observer(observer.clone());
+        spool.track("before", json!({})).unwrap();
+        let filler = fill(fs.path());
+        // Overflow reaches the spill thread (or, with `always`, every event does); the store
+        // refuses and the notice goes out.
+        let tracker = {
+            let spool = spool.clone();
+            std::thread::spawn(move || {
+                for i in 0..200 {
+                    match spool.track("during", json!({"i": i, "pad": "x".repeat(200)})) {
+                        Ok(_) | Err(Error::NotDurable { .. }) => {}
+                        Err(Error::ShutDown) => break,
+                        Err(e) => panic!("track() failed otherwise: {e}"),
+                    }
+                }
+            })
+        };
+        let what = observer.assert_returned(&rx, Duration::from_secs(30));
+        assert!(what.contains("StoreUnavailable"), "{durability:?}: {what}");
+        tracker.join().unwrap();
+        assert!(
+            matches!(spool.track("after", json!({})), Err(Error::ShutDown)),
+            "{durability:?}: shutdown() from on_notice did not take effect"
+        );
+        std::fs::remove_file(filler).unwrap();
+    }
+}
+
+/// `durability = always` on a full disk: the events the store refused are delivered while the
+/// collector is reachable (the disk still full), and the memory they take is bounded, the
+/// excess counted as `memory_overflow`.
+#[test]
+fn durability_always_on_a_full_disk_delivers_and_bounds_memory() {
+    let fs = TinyFs::mount(1024 * 1024);
+    let collector = ReferenceCollector::start(CollectorConfig::default()).unwrap();
+    let mut c = fast_config(&collector.url());
+    c.db_path = Some(fs.path().join("events.db"));
+    c.durability = Durability::Always;
+    c.memory_capacity = 100;
+    let spool = EventSpool::builder(c).start_offline().open().unwrap();
+    spool.track("before", json!({})).unwrap();
+    let filler = fill(fs.path());
+    let mut refused = 0u64;
+    for round in 0..25 {
+        let batch: Vec<NewEvent> = (0..1_000)
+            .map(|i| NewEvent::new("during", json!({"round": round, "i": i})))
+            .collect();
+        match spool.track_batch(&batch) {
+            Err(Error::NotDurable { event_ids, .. }) => refused += event_ids.len() as u64,
+            Ok(_) => {}
+            Err(e) => panic!("track_batch() on a full disk failed otherwise: {e}"),
+        }
+    }
+    assert!(refused > 20_000, "the full disk took the events? {refused}");
+    let stats = spool.stats();
+    assert!(
+        stats.pending_memory <= eventspool::SPILL_BACKLOG_MIN as u64,
+        "memory grows without bound on a full disk: {} events held: {stats:?}",
+        stats.pending_memory
+    );
+    assert!(stats.balances(), "{stats:?}");
+    let kept = stats.pending;
+    // The collector is reachable while the disk stays full: what memory holds goes out.
+    spool.set_online(true);
+    assert!(
+        spool.wait_drained(Duration::from_secs(60)),
+        "events the store refused were not delivered: {:?}",
+        spool.stats()
+    );
+    let stats = spool.stats();
+    assert_eq!(stats.delivered, kept, "{stats:?}");
+    assert_eq!(collector.distinct_count(), kept);
+    assert_eq!(
+        stats.dropped(eventspool::DropReason::MemoryOverflow),
+        1 + 25_000 - kept,
+        "{stats:?}"
+    );
+    assert!(stats.balances(), "{stats:?}");
+    eprintln!(
+        "always on a full disk: {refused} refused by the store, {kept} kept in memory and delivered"
+    );
+    std::fs::remove_file(filler).unwrap();
+    spool.shutdown(Duration::from_secs(5)).unwrap();
+    integrity_ok(&fs.path().join("events.db")).unwrap();
+}
+
+/// A `track_batch` larger than memory on a full disk (`durability = spill`) is refused whole,
+/// saying why, rather than recorded in part: nothing of it is counted or queued.
+#[test]
+fn a_track_batch_the_full_disk_cannot_take_is_refused_whole() {
+    let fs = TinyFs::mount(1024 * 1024);
+    let collector = ReferenceCollector::start(CollectorConfig::default()).unwrap();
+    let notices = Arc::new(Notices::default());
+    let mut c = fast_config(&collector.url());
+    c.db_path = Some(fs.path().join("events.db"));
+    c.memory_capacity = 100;
+    let spool = EventSpool::builder(c)
+        .observer(notices.clone())
+        .start_offline()
+        .open()
+        .unwrap();
+    let filler = fill(fs.path());
+    // Memory holds 100 queued plus 10,000 waiting to spill; the rest must go to the store.
+    let batch: Vec<NewEvent> = (0..11_000)
+        .map(|i| NewEvent::new("bulk", json!({"i": i})))
+        .collect();
+    let err = spool
+        .track_batch(&batch)
+        .expect_err("a batch a full disk cannot take returned Ok");
+    assert!(
+        matches!(err, Error::BatchRefused(_)) && err.to_string().contains("store"),
+        "{err}"
+    );
+    let stats = spool.stats();
+    assert_eq!((stats.tracked, stats.pending), (0, 0), "{stats:?}");
+    assert_eq!(stats.dropped_from_queue(), 0, "{stats:?}");
+    assert!(
+        notices
+            .0
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|n| matches!(n, Notice::StoreUnavailable { .. })),
+        "no StoreUnavailable notice"
+    );
+    std::fs::remove_file(filler).unwrap();
+    assert_eq!(spool.track_batch(&batch).unwrap().len(), 11_000);
+    assert_eq!(spool.stats().dropped_from_queue(), 0);
 }

@@ -228,3 +228,34 @@ def test_batching_tracker_hands_everything_over_in_order(collector, fast_config)
     assert spool.wait_drained(20_000)
     assert collector.distinct() == 1000
     spool.shutdown(5_000)
+
+
+def test_batching_tracker_bounds_what_it_holds_in_a_tight_loop(collector, fast_config):
+    import eventspool_batching
+
+    spool = EventSpool(fast_config(collector.url), start_offline=True)
+
+    class Counting:
+        """The real spool, with the size of each call it receives noted."""
+
+        def __init__(self, spool):
+            self.spool = spool
+            self.sizes = []
+
+        def track_batch(self, lines):
+            self.sizes.append(lines.count("\n") + 1)
+            return self.spool.track_batch(lines)
+
+    counting = Counting(spool)
+    held = 0
+    tracker = eventspool_batching.BatchingTracker(counting, max_events=512, max_delay_s=0.05)
+    for i in range(30_000):
+        tracker.track("tight", {"i": i})
+        held = max(held, len(tracker._waiting))
+    tracker.close()
+    assert held <= 4 * 512, f"the tracker held {held} events"
+    assert max(counting.sizes) <= 512, f"one call carried {max(counting.sizes)} events"
+    stats = spool.stats()
+    assert stats.tracked == 30_000
+    assert stats.dropped["memory_overflow"] == 0
+    spool.shutdown(5_000)

@@ -1,0 +1,337 @@
+//! Issue 10: calls that meet each other — observers calling back into the spool, `persist()`
+//! during a send, `track()` racing `shutdown()`, a transport that ignores its timeout, and one
+//! `track_batch` call larger than memory.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use eventspool::collector::Scripted;
+use eventspool::{DropReason, Error, EventSpool, NewEvent};
+use serde_json::json;
+
+use crate::common::*;
+use crate::reentrant::Reentrant;
+
+/// Waits (real time, bounded) for a condition on something another thread changes.
+fn wait_until(what: &str, timeout: Duration, cond: impl Fn() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Every verb, `shutdown` included, can be called from `on_state` (the worker's thread) without
+/// a deadlock, with a store and memory-only alike.
+#[test]
+fn an_observer_may_call_every_verb_from_on_state() {
+    for with_store in [false, true] {
+        let collector = collector();
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = config(&collector);
+        if with_store {
+            c.db_path = Some(dir.path().join("events.db"));
+        }
+        let spool = EventSpool::builder(c).start_offline().open().unwrap();
+        let (observer, rx) = Reentrant::new(false);
+        observer.spool.set(spool.clone()).ok().unwrap();
+        spool.add_observer(observer.clone());
+        spool.track("before", json!({})).unwrap();
+        spool.set_online(true);
+        let what = observer.assert_returned(&rx, Duration::from_secs(30));
+        assert!(
+            matches!(spool.track("after", json!({})), Err(Error::ShutDown)),
+            "shutdown() from {what} did not take effect"
+        );
+    }
+}
+
+/// A batch is in flight when the app calls `persist()` (going to the background) and then
+/// `purge_pending()`: the in-flight events are not copied to where the purge (or eviction) can
+/// delete them, the 2xx counts each once, and `pending` equals what memory and store hold.
+#[test]
+fn persist_while_a_batch_is_in_flight_keeps_each_event_in_one_place() {
+    let collector = collector();
+    collector.push_script([Scripted::Delay(Duration::from_millis(1500))]);
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(&collector);
+    c.db_path = Some(dir.path().join("events.db"));
+    c.flush_at = 5;
+    let spool = EventSpool::builder(c)
+        .clock(instant_clock())
+        .start_offline()
+        .open()
+        .unwrap();
+    for i in 0..5 {
+        spool.track("in_flight", json!({"i": i})).unwrap();
+    }
+    // All five leave in one batch.
+    spool.set_online(true);
+    // The collector took the request (the script item is claimed on arrival) and holds it.
+    wait_until("the batch to reach the collector", WAIT, || {
+        collector.pending_script() == 0
+    });
+    spool.persist().unwrap();
+    let stats = spool.stats();
+    assert_eq!(
+        stats.pending_memory + stats.pending_disk,
+        stats.pending,
+        "an in-flight event is counted in two places after persist(): {stats:?}"
+    );
+    assert_eq!(
+        spool.purge_pending().unwrap(),
+        0,
+        "purge_pending() deleted events of the batch in flight"
+    );
+    assert!(spool.wait_drained(WAIT), "{}", spool.state());
+    assert_eq!(collector.request_count(), 1, "one batch of five");
+    let stats = spool.stats();
+    assert_eq!(stats.delivered, 5, "{stats:?}");
+    assert_eq!(stats.dropped(DropReason::Purged), 0, "{stats:?}");
+    assert_eq!(
+        (stats.pending, stats.pending_memory, stats.pending_disk),
+        (0, 0, 0),
+        "{stats:?}"
+    );
+    assert!(stats.balances(), "{stats:?}");
+    assert_eq!(collector.distinct_count(), 5);
+    // The store really is empty: a reopen restores nothing.
+    spool.shutdown(WAIT).unwrap();
+    drop(spool);
+    let mut c = config(&collector);
+    c.db_path = Some(dir.path().join("events.db"));
+    let again = EventSpool::builder(c).start_offline().open().unwrap();
+    assert_eq!(again.stats().restored, 0);
+}
+
+/// Threads track in a tight loop while another calls `shutdown()`: every `track()` that
+/// returned `Ok` is in the store afterwards (none of them is lost at exit).
+#[test]
+fn track_racing_shutdown_either_fails_or_is_persisted() {
+    let collector = collector();
+    let rounds = 30;
+    let mut lost_rounds = Vec::new();
+    for round in 0..rounds {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = config(&collector);
+        c.db_path = Some(dir.path().join("events.db"));
+        c.memory_capacity = 100_000;
+        c.max_disk_bytes = 256 * 1024 * 1024;
+        let spool = EventSpool::builder(c.clone())
+            .start_offline()
+            .open()
+            .unwrap();
+        // Big enough that preparing one takes a while, so a thread is often mid-track() when
+        // shutdown() begins.
+        let pad = "p".repeat(16 * 1024);
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let spool = spool.clone();
+                let pad = pad.clone();
+                std::thread::spawn(move || {
+                    let mut ok = 0u64;
+                    for i in 0..2_000 {
+                        match spool.track("race", json!({"i": i, "pad": pad})) {
+                            Ok(_) => ok += 1,
+                            Err(Error::ShutDown) => break,
+                            Err(e) => panic!("track() failed otherwise: {e}"),
+                        }
+                    }
+                    ok
+                })
+            })
+            .collect();
+        wait_until("some events tracked", WAIT, || spool.stats().tracked >= 40);
+        spool.shutdown(WAIT).unwrap();
+        let ok: u64 = threads.into_iter().map(|t| t.join().unwrap()).sum();
+        let stats = spool.stats();
+        assert_eq!(stats.dropped_from_queue(), 0, "{stats:?}");
+        drop(spool);
+        let again = EventSpool::builder(c).start_offline().open().unwrap();
+        let restored = again.stats().restored;
+        if restored != ok {
+            lost_rounds.push((round, ok, restored));
+        }
+    }
+    assert!(
+        lost_rounds.is_empty(),
+        "track() returned Ok for events that were not persisted at shutdown \
+         (round, Ok returns, restored): {lost_rounds:?}"
+    );
+}
+
+/// One `track_batch` call far larger than memory records every event (spilling as needed) with
+/// nothing dropped, with a store big enough for it.
+#[test]
+fn a_large_track_batch_records_every_event_with_a_store() {
+    let collector = collector();
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(&collector);
+    c.db_path = Some(dir.path().join("events.db"));
+    c.max_disk_bytes = 512 * 1024 * 1024;
+    let spool = EventSpool::builder(c).start_offline().open().unwrap();
+    for round in 0..3 {
+        let batch: Vec<NewEvent> = (0..15_000)
+            .map(|i| NewEvent::new("bulk", json!({"round": round, "i": i})))
+            .collect();
+        let ids = spool.track_batch(&batch).unwrap();
+        assert_eq!(ids.len(), 15_000);
+        let stats = spool.stats();
+        assert_eq!(
+            stats.dropped(DropReason::MemoryOverflow),
+            0,
+            "round {round}: track_batch returned Ok while dropping part of its batch: {stats:?}"
+        );
+        assert_eq!(stats.pending, 15_000 * (round + 1), "{stats:?}");
+        assert!(stats.balances(), "{stats:?}");
+    }
+    spool.persist().unwrap();
+    assert_eq!(spool.stats().pending_disk, 45_000);
+}
+
+/// Without a store a batch larger than memory cannot be kept whole: the call is refused, saying
+/// why, and nothing of it is recorded.
+#[test]
+fn a_track_batch_larger_than_memory_without_a_store_is_refused_whole() {
+    let collector = collector();
+    let mut c = config(&collector);
+    c.memory_capacity = 100;
+    let spool = EventSpool::builder(c).start_offline().open().unwrap();
+    let batch: Vec<NewEvent> = (0..150)
+        .map(|i| NewEvent::new("bulk", json!({"i": i})))
+        .collect();
+    let err = spool
+        .track_batch(&batch)
+        .expect_err("a batch of 150 into 100 events of memory returned Ok");
+    let text = err.to_string();
+    assert!(
+        text.contains("150") && text.contains("memory_capacity"),
+        "error does not say why: {text}"
+    );
+    let stats = spool.stats();
+    assert_eq!((stats.tracked, stats.pending), (0, 0), "{stats:?}");
+    assert_eq!(stats.dropped(DropReason::MemoryOverflow), 0, "{stats:?}");
+    // A batch that fits is recorded whole.
+    assert_eq!(spool.track_batch(&batch[..100]).unwrap().len(), 100);
+    assert_eq!(spool.stats().pending, 100);
+}
+
+#[cfg(feature = "ffi")]
+mod foreign_transport {
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use eventspool::ffi::{
+        EventSpool, HttpTransport, HttpTransportError, SpoolConfig, TransportRequest,
+        TransportResponse,
+    };
+
+    use super::*;
+
+    /// The app's HTTP stack as a foreign trait object, written in Rust: it ignores `timeout_ms`
+    /// on its first `slow` calls (blocking for `block`), and POSTs to the real collector over a
+    /// plain socket. It counts how many of its calls run at once.
+    struct StubbornTransport {
+        slow: u64,
+        block: Duration,
+        calls: AtomicU64,
+        active: AtomicU64,
+        max_active: AtomicU64,
+    }
+
+    impl HttpTransport for StubbornTransport {
+        fn send(&self, request: TransportRequest) -> Result<TransportResponse, HttpTransportError> {
+            let now = self.active.fetch_add(1, Ordering::SeqCst) + 1;
+            self.max_active.fetch_max(now, Ordering::SeqCst);
+            let call = self.calls.fetch_add(1, Ordering::SeqCst);
+            if call < self.slow {
+                std::thread::sleep(self.block);
+            }
+            let result = post(&request);
+            self.active.fetch_sub(1, Ordering::SeqCst);
+            result
+        }
+    }
+
+    fn post(request: &TransportRequest) -> Result<TransportResponse, HttpTransportError> {
+        let io = |e: std::io::Error| HttpTransportError::Io {
+            reason: e.to_string(),
+        };
+        let rest = request.url.strip_prefix("http://").expect("loopback http");
+        let (host, path) = rest.split_once('/').expect("a path");
+        let mut stream = TcpStream::connect(host).map_err(|e| HttpTransportError::Connect {
+            reason: e.to_string(),
+        })?;
+        let mut head = format!(
+            "{} /{path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\nContent-Length: {}\r\n",
+            request.method,
+            request.body.len()
+        );
+        for (k, v) in &request.headers {
+            head.push_str(&format!("{k}: {v}\r\n"));
+        }
+        head.push_str("\r\n");
+        stream.write_all(head.as_bytes()).map_err(io)?;
+        stream.write_all(&request.body).map_err(io)?;
+        let mut answer = Vec::new();
+        stream.read_to_end(&mut answer).map_err(io)?;
+        let text = String::from_utf8_lossy(&answer);
+        let status = text
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .ok_or(HttpTransportError::Io {
+                reason: "no status line".into(),
+            })?;
+        let body = text
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.as_bytes().to_vec())
+            .unwrap_or_default();
+        Ok(TransportResponse {
+            status,
+            headers: Default::default(),
+            body,
+        })
+    }
+
+    /// A foreign transport that blocks well past `timeout_ms` never has a second request
+    /// started beside it: at most one call is ever in flight, and everything is delivered once
+    /// it answers again.
+    #[test]
+    fn a_transport_that_ignores_its_timeout_never_has_two_requests_in_flight() {
+        let collector = collector();
+        let transport = Arc::new(StubbornTransport {
+            slow: 3,
+            block: Duration::from_millis(1200),
+            calls: AtomicU64::new(0),
+            active: AtomicU64::new(0),
+            max_active: AtomicU64::new(0),
+        });
+        let config = SpoolConfig {
+            endpoint: collector.url(),
+            attempt_timeout_ms: Some(100),
+            backoff_base_ms: Some(5),
+            backoff_cap_ms: Some(20),
+            max_auto_attempts: Some(1_000),
+            min_batch_interval_ms: Some(0),
+            flush_at: Some(1),
+            max_batch_events: Some(5),
+            ..SpoolConfig::default()
+        };
+        let spool = EventSpool::new(config, Some(transport.clone()), None, false).unwrap();
+        for i in 0..20 {
+            spool
+                .track("stubborn".into(), format!("{{\"i\":{i}}}"))
+                .unwrap();
+        }
+        assert!(spool.wait_drained(60_000), "did not drain");
+        assert_eq!(collector.distinct_count(), 20);
+        assert_eq!(
+            transport.max_active.load(Ordering::SeqCst),
+            1,
+            "several requests were in flight at once"
+        );
+        spool.shutdown(5_000).unwrap();
+    }
+}

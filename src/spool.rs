@@ -25,6 +25,10 @@ use crate::worker;
 /// durability (the event stays queued in memory and the call returns `Error::NotDurable`).
 const ALWAYS_COMMIT_WAIT: Duration = Duration::from_secs(5);
 
+/// How long `shutdown()` waits for the worker to hand back a batch whose attempt it abandoned
+/// once the caller's timeout passed.
+const ABANDON_GRACE: Duration = Duration::from_millis(200);
+
 /// Options beyond [`Config`]: collaborators an app or a test supplies.
 pub struct SpoolBuilder {
     config: Config,
@@ -742,8 +746,9 @@ impl Handle {
         // queued before the final persist below, and every later call sees `closed`.
         drop(h.admission.write());
         let s = &h.shared;
+        // The worker stops at its next step: an attempt in flight gets its answer first (within
+        // `timeout`), so a batch the collector accepted is not left queued to be sent again.
         s.control(|c| c.shutdown = true);
-        s.shutdown.send_replace(true);
         let on_worker_thread = {
             let rt = lock(&h.runtime);
             match (tokio::runtime::Handle::try_current(), rt.as_ref()) {
@@ -752,8 +757,20 @@ impl Handle {
             }
         };
         let mut worker_stopped = false;
-        if !on_worker_thread && let Some(done) = lock(&h.worker_done).take() {
+        if on_worker_thread {
+            // Called from an observer: the worker cannot be waited for from its own thread.
+            s.shutdown.send_replace(true);
+        } else if let Some(done) = lock(&h.worker_done).take() {
             worker_stopped = done.recv_timeout(timeout).is_ok();
+            if !worker_stopped {
+                // The answer did not come in time: abandon the attempt (its events stay queued
+                // and are sent again with the same ids) and give the worker a moment to hand
+                // its batch back before the final persist.
+                s.shutdown.send_replace(true);
+                worker_stopped = done.recv_timeout(ABANDON_GRACE).is_ok();
+            }
+        } else {
+            s.shutdown.send_replace(true);
         }
         let result = s.persist().map(|_| ());
         {

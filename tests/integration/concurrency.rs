@@ -335,3 +335,32 @@ mod foreign_transport {
         spool.shutdown(5_000).unwrap();
     }
 }
+
+/// `shutdown(timeout)` lets the attempt in flight finish within the timeout: its answer is
+/// recorded, so a batch the collector accepted is not left queued and resent after the restart.
+#[test]
+fn shutdown_waits_for_the_answer_to_the_batch_in_flight() {
+    let collector = collector();
+    collector.push_script([Scripted::Delay(Duration::from_millis(300))]);
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(&collector);
+    cfg.db_path = Some(dir.path().join("inflight.db"));
+    let spool = EventSpool::open(cfg.clone()).unwrap();
+    let id = spool.track("in_flight", json!({})).unwrap().to_string();
+    spool.flush();
+    wait_until("the request to go out", WAIT, || {
+        spool.stats().requests == 1
+    });
+    spool.shutdown(Duration::from_secs(10)).unwrap();
+    let stats = spool.stats();
+    assert_eq!(
+        (stats.delivered, stats.pending),
+        (1, 0),
+        "the answer that came within the timeout counts: {stats:?}"
+    );
+    drop(spool);
+    let reopened = EventSpool::open(cfg).unwrap();
+    assert_eq!(reopened.stats().restored, 0, "nothing left to resend");
+    assert!(collector.contains(&id));
+    assert_eq!(collector.request_count(), 1);
+}

@@ -5,7 +5,7 @@
 //! |---|---|
 //! | 2xx read whole, without a `rejected` list (empty, other JSON, not JSON) | `Delivered` |
 //! | 2xx read whole, with a non-empty `rejected` list | `Partial` (reasons cut to 1 KiB) |
-//! | 2xx cut short: longer than the bound for its batch, or torn mid-body | `Transient`: effect unknown, resent with the same ids |
+//! | 2xx cut short: longer than the bound for its batch, or torn mid-body | `CutShort`: effect unknown; a batch of more than one event is split in halves and resent (a smaller batch gets a smaller answer), one event is retried like a transient failure |
 //! | 400, 422 / 413 | `Poisoned` (split, or quarantine one event) |
 //! | 408, 425, 429, 5xx, no answer at all | `Transient` (429/503 honour `Retry-After`) |
 //! | 401, 403 | `Auth` (pause) |
@@ -13,8 +13,10 @@
 //!
 //! A cut 2xx is not a success: the part not read may list refused events, and deleting those as
 //! delivered would lose them. The read bound ([`crate::transport::response_bound`]) fits the
-//! largest legal answer to the batch sent, so only a collector breaking the protocol (or a
-//! connection breaking mid-answer) gets here; resending costs a duplicate the collector dedups.
+//! largest legal answer to the batch sent, so only a collector breaking the protocol (reasons
+//! longer than 1 KiB) or a connection breaking mid-answer gets here. Resending costs duplicates
+//! the collector dedups; resending in halves means an answer that is simply too long for its
+//! batch fits once the batch is small enough, instead of failing the same way for ever.
 
 use std::time::SystemTime;
 
@@ -42,8 +44,10 @@ pub enum Outcome {
         too_large: bool,
         detail: String,
     },
-    /// 408, 425, 429, 5xx, no response at all, or a 2xx cut short: try again later with the
-    /// same ids.
+    /// A 2xx whose body was cut short (over the bound for its batch, or torn): nothing is known
+    /// about which events it accepted. Split and resend (one event: retry), same ids.
+    CutShort { failure: Failure },
+    /// 408, 425, 429, 5xx, no response at all: try again later with the same ids.
     Transient {
         failure: Failure,
         retry_after_ms: Option<u64>,
@@ -113,7 +117,7 @@ pub fn classify(result: &Result<HttpResponse, TransportError>, now: SystemTime) 
         message: status_text(status, &response.body),
     };
     match status {
-        200..=299 if response.truncated => Outcome::Transient {
+        200..=299 if response.truncated => Outcome::CutShort {
             failure: Failure {
                 status: Some(status),
                 message: format!(
@@ -121,7 +125,6 @@ pub fn classify(result: &Result<HttpResponse, TransportError>, now: SystemTime) 
                     response.body.len()
                 ),
             },
-            retry_after_ms: None,
         },
         200..=299 => match serde_json::from_slice::<PartialBody>(&response.body) {
             Ok(body) if !body.rejected.is_empty() => Outcome::Partial {
@@ -291,10 +294,10 @@ mod tests {
     }
 
     #[test]
-    fn a_cut_short_2xx_is_transient_never_delivered() {
+    fn a_cut_short_2xx_is_cut_short_never_delivered() {
         for body in ["", "not json", r#"{"rejected":[{"event_id":"a","re"#, "{}"] {
             match cut_answer(200, body) {
-                Outcome::Transient { failure, .. } => {
+                Outcome::CutShort { failure } => {
                     assert_eq!(failure.status, Some(200));
                     assert!(failure.message.contains("cut short"), "{failure}");
                 }

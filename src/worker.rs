@@ -670,6 +670,17 @@ impl Worker {
                     self.lone_refusal(batch, status, detail);
                 }
             }
+            Outcome::CutShort { failure } => {
+                if batch.events.len() > 1 {
+                    let mut left = batch.events;
+                    let right = left.split_off(left.len() / 2);
+                    self.work.push_front(Batch::new(right));
+                    self.work.push_front(Batch::new(left));
+                } else {
+                    self.work.push_front(batch);
+                    self.transient(failure, None);
+                }
+            }
             Outcome::Transient {
                 failure,
                 retry_after_ms,

@@ -282,10 +282,9 @@ fn a_huge_rejected_list_quarantines_every_listed_event() {
     assert!(stats.balances(), "{stats:?}");
 }
 
-/// A 2xx whose body is longer than any legal answer to the batch is read only up to the bound;
-/// an answer cut short may name events it no longer shows, so it is never taken as "delivered":
-/// the batch is retried with the same ids (effect unknown), and nothing is counted until an
-/// answer is read whole.
+/// A 2xx cut short is never read as "all delivered": nothing is known of which events it took,
+/// so the batch goes again in halves, same ids (a smaller batch gets a smaller answer), and a
+/// single event whose answer is cut waits through a retry like any transient failure.
 #[test]
 fn a_cut_short_2xx_is_never_taken_as_delivered() {
     let collector = collector();
@@ -302,38 +301,50 @@ fn a_cut_short_2xx_is_never_taken_as_delivered() {
         ids.push(spool.track("e", json!({"i": i})).unwrap().to_string());
     }
     // A rejection of the first event whose reason is far past any bound: once cut, the body
-    // no longer parses, and on main it was read as "all delivered".
-    let body = format!(
-        r#"{{"accepted":9,"rejected":[{{"event_id":"{}","reason":"{}"}}]}}"#,
-        ids[0],
-        "x".repeat(4 << 20)
-    );
-    collector.push_script([Scripted::Status {
+    // no longer parses, and it used to be read as "all delivered".
+    let cut = |id: &str| Scripted::Status {
         status: 200,
-        body,
+        body: format!(
+            r#"{{"accepted":9,"rejected":[{{"event_id":"{id}","reason":"{}"}}]}}"#,
+            "x".repeat(4 << 20)
+        ),
         headers: Vec::new(),
-    }]);
+    };
+    collector.push_script([cut(&ids[0])]);
     spool.set_online(true);
+    assert!(spool.wait_drained(WAIT), "{}", spool.state());
+    let requests = collector.requests();
+    let sent: Vec<Vec<String>> = requests.iter().map(|r| r.event_ids.clone()).collect();
+    assert_eq!(
+        sent,
+        [ids.clone(), ids[..5].to_vec(), ids[5..].to_vec()],
+        "the cut answer counted nothing: the batch went again in halves, same ids"
+    );
+    let stats = spool.stats();
+    assert_eq!((stats.delivered, stats.quarantined), (10, 0), "{stats:?}");
+    assert_eq!(collector.distinct_count(), 10);
+
+    // One event alone, its answer cut again: a retry, nothing counted until an answer is read.
+    let one = spool.track("e", json!({"i": 10})).unwrap().to_string();
+    collector.push_script([cut(&one)]);
+    spool.flush();
     let status = wait_state(&spool, "a retry after the cut answer", |s| {
         matches!(s, DeliveryState::RetryScheduled { attempt: 1, .. })
     });
-    let stats = spool.stats();
-    assert_eq!(
-        (stats.delivered, stats.quarantined, status.pending),
-        (0, 0, 10),
-        "a cut-short 2xx counts nothing: {stats:?}"
-    );
+    assert_eq!(status.pending, 1);
+    assert_eq!(spool.stats().delivered, 10);
     let DeliveryState::RetryScheduled { last_error, .. } = status.state else {
         unreachable!()
     };
     assert_eq!(last_error.status, Some(200), "{last_error}");
     spool.retry_now();
     assert!(spool.wait_drained(WAIT), "{}", spool.state());
-    assert_eq!(collector.distinct_count(), 10);
-    let requests = collector.requests();
-    assert_eq!(requests.len(), 2);
-    assert_eq!(requests[1].event_ids, ids, "resent with the same ids");
-    assert_eq!(spool.stats().delivered, 10);
+    assert_eq!(spool.stats().delivered, 11);
+    let last: Vec<Vec<String>> = collector.requests()[3..]
+        .iter()
+        .map(|r| r.event_ids.clone())
+        .collect();
+    assert_eq!(last, [vec![one.clone()], vec![one]], "resent with its id");
 }
 
 /// Database plus WAL of a store, as the file system reports them (the `max_disk_bytes` measure).

@@ -15,8 +15,10 @@ pub fn crash_child() -> PathBuf {
         .to_path_buf();
     let bin = debug_dir.join("examples").join("crash_child");
     if !bin.exists() {
+        let release = debug_dir.ends_with("release");
         let status = Command::new(env!("CARGO"))
             .args(["build", "--example", "crash_child"])
+            .args(release.then_some("--release"))
             .current_dir(env!("CARGO_MANIFEST_DIR"))
             .status()
             .expect("cargo build");

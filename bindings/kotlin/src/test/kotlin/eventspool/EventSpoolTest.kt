@@ -67,7 +67,8 @@ class EventSpoolTest {
             scheduled.groupBy { it.attempt }.values.forEach { ticks ->
                 assertEquals(ticks.map { it.retryInMs }.sortedDescending(), ticks.map { it.retryInMs })
             }
-            assertTrue(scheduled.all { it.maxAttempts == 3u && it.retryInMs in 1uL..200uL }, "$scheduled")
+            // Full jitter may draw a delay under a millisecond: an announced retry can say 0 ms.
+            assertTrue(scheduled.all { it.maxAttempts == 3u && it.retryInMs in 0uL..200uL }, "$scheduled")
             val waiting = spool.state()
             assertEquals(3u, (waiting.state as DeliveryState.WaitingForUser).attempts)
             assertEquals(25uL, waiting.pending)

@@ -1,5 +1,5 @@
-//! The classification table of DESIGN §3, in one place: every way an attempt can end, mapped to
-//! what the SDK does next. Pure functions of the response, tested row by row.
+//! The classification table of docs/protocol.md §Responses, in one place: every way an attempt can
+//! end, mapped to what the SDK does next. Pure functions of the response, tested row by row.
 //!
 //! | answer | outcome |
 //! |---|---|

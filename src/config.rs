@@ -1,4 +1,5 @@
-//! Configuration: every knob of DESIGN §6, its default, and the rules that refuse a bad value.
+//! Configuration: every knob of README §Configuration, its default, and the rules that refuse a bad
+//! value.
 //!
 //! One home for all of it: the Rust builder, the FFI config record and the CLI's `--set name=value`
 //! all end up in [`Config::set`] or [`Config::validate`], so a name or a default is spelled once.
@@ -142,7 +143,8 @@ impl std::fmt::Debug for Config {
     }
 }
 
-/// Every name [`Config::set`] accepts, in DESIGN §6 order (the CLI lists them in its help).
+/// Every name [`Config::set`] accepts, in README §Configuration order (the CLI lists them in its
+/// help).
 pub const CONFIG_NAMES: &[&str] = &[
     "endpoint",
     "api_key",
@@ -176,7 +178,7 @@ pub const CONFIG_NAMES: &[&str] = &[
 pub const DEFAULT_MAX_DISK_BYTES: u64 = 10 * MIB;
 
 impl Config {
-    /// The defaults of DESIGN §6 with the one required field.
+    /// The defaults of README §Configuration with the one required field.
     pub fn new(endpoint: impl Into<String>) -> Config {
         Config {
             endpoint: endpoint.into(),
@@ -216,7 +218,8 @@ impl Config {
         }
     }
 
-    /// Sets one field from its DESIGN §6 name and a textual value, as the CLI and bindings do.
+    /// Sets one field from its README §Configuration name and a textual value, as the CLI and
+    /// bindings do.
     pub fn set(&mut self, name: &str, value: &str) -> Result<(), ConfigError> {
         let number = || parse_u64(name, value);
         match name {

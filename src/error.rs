@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-/// A configuration value the SDK refuses, with the DESIGN §6 name of the field.
+/// A configuration value the SDK refuses, with the README §Configuration name of the field.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ConfigError {
     pub field: String,

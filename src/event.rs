@@ -1,6 +1,6 @@
 //! Events as the app hands them in, and as they travel: validated once at `track()`, serialized
-//! once into their wire form (DESIGN §3), and from then on moved around as that string, so a
-//! batch is built by joining strings and a resend carries byte-identical events.
+//! once into their wire form (docs/protocol.md §Event), and from then on moved around as that
+//! string, so a batch is built by joining strings and a resend carries byte-identical events.
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::Serialize;
@@ -129,7 +129,7 @@ pub struct QueuedEvent {
 }
 
 impl QueuedEvent {
-    /// The delivery order of DESIGN §3: timestamp, then `track()` order.
+    /// The delivery order of docs/protocol.md §Request: timestamp, then `track()` order.
     pub fn key(&self) -> (i64, u64) {
         (self.ts_ms, self.seq)
     }

@@ -1,10 +1,10 @@
 //! What splitting a refused batch teaches, as plain data the worker carries out.
 //!
 //! A 400/422 for a batch means "something in here is bad", and the SDK halves the batch until
-//! the bad events stand alone (DESIGN §3). But a proxy in front of the collector can refuse
-//! every request for a reason that has nothing to do with the events (nginx's "400 Request
-//! Header Or Cookie Too Large" for an oversize API key): halving then costs 2N−2 requests and
-//! quarantines every event. The tell is that nothing of the split is ever accepted. [`Split`]
+//! the bad events stand alone (docs/protocol.md §Responses). But a proxy in front of the collector
+//! can refuse every request for a reason that has nothing to do with the events (nginx's "400
+//! Request Header Or Cookie Too Large" for an oversize API key): halving then costs 2N−2 requests
+//! and quarantines every event. The tell is that nothing of the split is ever accepted. [`Split`]
 //! keeps that evidence: a lone event refused before any request of the split was accepted is
 //! held, not quarantined; its sibling is sent next; the first accepted request releases the held
 //! events to the quarantine (the collector takes requests, so their refusal is about them), and

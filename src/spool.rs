@@ -1,5 +1,5 @@
-//! [`EventSpool`], the handle an app holds: `track()` and the few verbs of DESIGN §5.
-//! Cheap to clone and share between threads; the last clone to go shuts the spool down.
+//! [`EventSpool`], the handle an app holds: `track()` and the few verbs of docs/delivery.md
+//! §States. Cheap to clone and share between threads; the last clone to go shuts the spool down.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};

@@ -1,4 +1,5 @@
-//! The delivery state a UI renders (DESIGN §5) and the observer that is told about it.
+//! The delivery state a UI renders (docs/delivery.md §States) and the observer that is told about
+//! it.
 //!
 //! ```text
 //! Idle ──trigger──▶ Sending ──ok──▶ Idle

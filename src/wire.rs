@@ -1,5 +1,5 @@
-//! The request body of eventspool batch v1 (DESIGN §3), built by joining events' stored wire
-//! JSON, so a resend is byte-identical in its events.
+//! The request body of eventspool batch v1 (docs/protocol.md §Request), built by joining events'
+//! stored wire JSON, so a resend is byte-identical in its events.
 
 use std::io::Write;
 

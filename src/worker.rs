@@ -240,7 +240,7 @@ impl Worker {
         self.next_periodic_ms = now + self.s.config.flush_interval_ms;
     }
 
-    /// Turns the app's requests into mode changes (DESIGN §5's arrows).
+    /// Turns the app's requests into mode changes (the arrows of docs/delivery.md §States).
     fn apply(&mut self, c: &Control) {
         let now = self.s.clock.now_ms();
         if let Some((reason, _)) = &self.pause
@@ -746,12 +746,12 @@ impl Worker {
         self.quarantine(batch.events, why, detail, Some(status), batch.attempts);
     }
 
-    /// `max_event_sends` (DESIGN §4): a request that got no answer, carrying an event that has
-    /// now gone unanswered that many times, is bisected like a 400 (no backoff) until the event
-    /// is alone. Alone and still unanswered, it is quarantined as `max_sends` when the collector
-    /// answered some other request since the isolation began; otherwise the collector may just be
-    /// down, so the next batch goes first as a probe (after the usual backoff) and the event
-    /// waits behind it. Returns the batch when its failure is an ordinary transient one.
+    /// `max_event_sends` (docs/delivery.md §Retry): a request that got no answer, carrying an event
+    /// that has now gone unanswered that many times, is bisected like a 400 (no backoff) until the
+    /// event is alone. Alone and still unanswered, it is quarantined as `max_sends` when the
+    /// collector answered some other request since the isolation began; otherwise the collector may
+    /// just be down, so the next batch goes first as a probe (after the usual backoff) and the
+    /// event waits behind it. Returns the batch when its failure is an ordinary transient one.
     fn isolate_unanswered(&mut self, batch: Batch, failure: &Failure) -> Option<Batch> {
         let limit = self.s.config.max_event_sends;
         if !self.last_send_unanswered || !batch.events.iter().any(|(e, _)| e.unanswered >= limit) {
@@ -892,7 +892,7 @@ impl Worker {
         };
     }
 
-    /// `WaitingForUser`, with the next slow probe scheduled (DESIGN §4).
+    /// `WaitingForUser`, with the next slow probe scheduled (docs/delivery.md §Slow probe).
     fn waiting_for_user(&mut self, attempts: u32, failure: Failure, now: u64) -> Mode {
         let c = &self.s.config;
         let delay = probe_delay_ms(

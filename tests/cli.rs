@@ -286,7 +286,7 @@ fn a_refused_key_pauses_and_the_summary_says_why() {
     ]);
     assert_eq!(out.code, 3, "stdout: {} stderr: {}", out.stdout, out.stderr);
     let summary = out.json();
-    // DESIGN §7's fields, unchanged.
+    // The fields of docs/cli.md §Summary, unchanged.
     assert_eq!(summary["state"], "paused", "{summary}");
     assert_eq!(summary["pending"], 40, "{summary}");
     assert_eq!(summary["delivered"], 0, "{summary}");

@@ -26,7 +26,8 @@ use eventspool::retry::{AfterFailure, Episode, after_failure, backoff_ceiling_ms
 /// How a client spreads its retries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Jitter {
-    /// The SDK's policy: `uniform(0, ceiling)` (DESIGN §4), computed by `eventspool::retry`.
+    /// The SDK's policy: `uniform(0, ceiling)` (docs/delivery.md §Retry), computed by
+    /// `eventspool::retry`.
     Full,
     /// Simulation-only alternative: `ceiling / 2 + uniform(0, ceiling / 2)`.
     Equal,
@@ -67,7 +68,8 @@ pub struct Params {
 }
 
 impl Params {
-    /// DESIGN §6 defaults for the client side.
+    /// The client side with the retry values of the original contract (cap 30 s, 5 attempts,
+    /// 300 s), not today's defaults (15 s, 10, 60 s: README §Configuration and §Decisions).
     pub fn new(clients: usize, capacity_per_s: u64, jitter: Jitter) -> Params {
         Params {
             clients,
@@ -202,7 +204,8 @@ pub fn run(p: &Params) -> Report {
         report.per_tick[tick] += 1;
         report.requests += 1;
         if collector.admit(now) {
-            // Success ends the episode (DESIGN §4); the next batch follows after the throttle.
+            // Success ends the episode (docs/delivery.md §Retry); the next batch follows after the
+            // throttle.
             c.episode = None;
             c.retries_in_episode = 0;
             c.batches_left -= 1;

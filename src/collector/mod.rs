@@ -1,5 +1,5 @@
 //! The reference collector: an in-process HTTP server that speaks "eventspool batch v1"
-//! (DESIGN §3) and stores each event once by `event_id`.
+//! (docs/protocol.md) and stores each event once by `event_id`.
 //!
 //! Tests, examples, benchmarks and the CLI all need a collector that behaves like a real one
 //! on a real socket, and that can also misbehave on demand: fail a fraction of requests, reject

@@ -10,7 +10,7 @@ use std::io::Read;
 use flate2::read::MultiGzDecoder;
 use serde_json::{Map, Value};
 
-/// The longest event name DESIGN §2 allows.
+/// The longest event name docs/protocol.md §Event allows.
 const MAX_NAME_BYTES: usize = 256;
 
 /// One event of a valid batch.

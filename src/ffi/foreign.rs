@@ -67,7 +67,7 @@ impl state::DeliveryObserver for ObserverAdapter {
     }
 }
 
-/// One HTTP request the SDK wants sent (DESIGN §3: a POST of a gzip or JSON batch).
+/// One HTTP request the SDK wants sent (docs/protocol.md §Request: a POST of a gzip or JSON batch).
 #[derive(Clone, Debug, uniffi::Record)]
 pub struct TransportRequest {
     pub method: String,
@@ -78,8 +78,8 @@ pub struct TransportRequest {
     pub timeout_ms: u64,
 }
 
-/// Any HTTP answer, whatever its status: the SDK classifies it (DESIGN §3). Do not follow
-/// redirects and do not retry: the SDK is the only layer that retries.
+/// Any HTTP answer, whatever its status: the SDK classifies it (docs/protocol.md §Responses). Do
+/// not follow redirects and do not retry: the SDK is the only layer that retries.
 #[derive(Clone, Debug, uniffi::Record)]
 pub struct TransportResponse {
     pub status: u16,

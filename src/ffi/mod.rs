@@ -1,6 +1,6 @@
 //! The UniFFI surface that Kotlin, Swift and Python apps see: one object ([`EventSpool`]), a
-//! config record named as DESIGN §6, plain records for state and stats, two foreign traits
-//! ([`DeliveryObserver`], [`HttpTransport`]) and two error enums.
+//! config record named as README §Configuration, plain records for state and stats, two foreign
+//! traits ([`DeliveryObserver`], [`HttpTransport`]) and two error enums.
 //!
 //! This module only converts: the core stays free of UniFFI types, and every rule lives there.
 //! A change here is a breaking change for apps, so it stays small.
@@ -37,7 +37,7 @@ use crate::shared::lock;
 /// Swift or Python; messages never hold the API key or an event payload.
 #[derive(Debug, PartialEq, Eq, thiserror::Error, uniffi::Error)]
 pub enum SpoolError {
-    /// A configuration value was refused; `field` is its DESIGN §6 name.
+    /// A configuration value was refused; `field` is its README §Configuration name.
     #[error("invalid configuration: {field}: {reason}")]
     InvalidConfig { field: String, reason: String },
     /// The event was refused at `track` (bad name, properties not a JSON object, bad id...).
@@ -116,8 +116,8 @@ fn quietly(f: impl FnOnce()) {
     }
 }
 
-/// The configuration of DESIGN §6. Every field but `endpoint` is optional: absent means the
-/// documented default. `Debug` never shows the API key.
+/// The configuration of README §Configuration. Every field but `endpoint` is optional: absent means
+/// the documented default. `Debug` never shows the API key.
 #[derive(Clone, Default, uniffi::Record)]
 pub struct SpoolConfig {
     pub endpoint: String,

@@ -33,7 +33,7 @@ pub enum PauseReason {
     Config,
 }
 
-/// DESIGN §5, as a UI renders it.
+/// docs/delivery.md §States, as a UI renders it.
 #[derive(Clone, Debug, PartialEq, Eq, uniffi::Enum)]
 pub enum DeliveryState {
     Idle,

@@ -12,7 +12,7 @@ use futures_util::future::BoxFuture;
 pub use reqwest_transport::ReqwestTransport;
 
 /// Room in any answer for what is not a `rejected` entry (counts, messages, whitespace), and the
-/// whole bound for an answer to a batch of no events. DESIGN §3's 64 KiB.
+/// whole bound for an answer to a batch of no events: the 64 KiB of docs/protocol.md §Read bound.
 pub const RESPONSE_BASE_BYTES: usize = 64 * 1024;
 
 /// The longest `reason` of a rejected event, as encoded in the answer's JSON, that the read bound
@@ -83,9 +83,9 @@ impl HttpResponse {
     }
 }
 
-/// Why no HTTP response came back. Every kind is transient (DESIGN §3); `Timeout` and `Io`
-/// after the body was sent mean the collector may have stored the batch, so the resend carries
-/// the same `event_id`s.
+/// Why no HTTP response came back. Every kind is transient (docs/protocol.md §Responses); `Timeout`
+/// and `Io` after the body was sent mean the collector may have stored the batch, so the resend
+/// carries the same `event_id`s.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum TransportError {
     #[error("could not connect: {0}")]

@@ -1,5 +1,5 @@
 //! The per-event record kept beside each queued event: when the SDK accepted it (age is counted
-//! from there, DESIGN §4) and how many requests carried it (`X-Eventspool-Attempt`,
+//! from there, docs/delivery.md §Retry) and how many requests carried it (`X-Eventspool-Attempt`,
 //! `max_event_sends`). Real collector on 127.0.0.1, real SQLite files, the injected clock.
 
 use std::time::Duration;

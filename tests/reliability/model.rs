@@ -16,7 +16,8 @@
 //!   the first time (an event that was queued when a batch was put together never follows a
 //!   newer one);
 //! - no event is sent, or dropped as `expired`, before `max_event_age_ms` has passed since the
-//!   SDK accepted it (DESIGN §4: age counts from `track()` or redrive, retries included);
+//!   SDK accepted it (docs/delivery.md §Retry: age counts from `track()` or redrive, retries
+//!   included);
 //! - the store stays within `max_disk_bytes` on disk.
 //!
 //! At each reopen and at the end, every tracked id is audited: delivered, quarantined, still

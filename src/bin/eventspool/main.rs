@@ -1,4 +1,4 @@
-//! `eventspool`: the SDK for people who do not write Rust (DESIGN §7). Machine-readable output is
+//! `eventspool`: the SDK for people who do not write Rust (docs/cli.md). Machine-readable output is
 //! JSON on stdout; progress and human text go to stderr. Exit codes: 0 done, 1 error,
 //! 2 bad input, 3 stopped with events still pending (they stay in the store).
 
@@ -103,7 +103,7 @@ pub struct Connection {
     /// Sent as `Authorization: Bearer KEY`.
     #[arg(long)]
     pub api_key: Option<String>,
-    /// Any setting of DESIGN §6 by name, e.g. `--set max_auto_attempts=3` (repeatable).
+    /// Any setting of README §Configuration by name, e.g. `--set max_auto_attempts=3` (repeatable).
     #[arg(long = "set", value_name = "NAME=VALUE")]
     pub set: Vec<String>,
     /// Stop waiting after this many seconds; what is left stays pending (exit 3).
@@ -112,8 +112,9 @@ pub struct Connection {
 }
 
 impl Connection {
-    /// The SDK config: DESIGN defaults, except no pause between batches (a command-line run is an
-    /// explicit bulk transfer, not an app sparing its battery); `--set` overrides anything.
+    /// The SDK config: the defaults of README §Configuration, except no pause between batches (a
+    /// command-line run is an explicit bulk transfer, not an app sparing its battery); `--set`
+    /// overrides anything.
     pub fn config(&self) -> Result<Config, Failure> {
         let mut config = Config::new(self.endpoint.clone());
         config.min_batch_interval_ms = 0;

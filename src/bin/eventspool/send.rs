@@ -228,7 +228,7 @@ fn finish(
     })
 }
 
-/// DESIGN §7's summary, plus what a script needs to act on a stop: `pause` (`auth` or
+/// The summary of docs/cli.md, plus what a script needs to act on a stop: `pause` (`auth` or
 /// `config`) when paused, `attempts` (requests this run sent), and the one-line `last_error`
 /// with its `last_status` when the run ended on a failure.
 fn summary(stats: &Stats, state: &DeliveryState, untracked: u64) -> Value {

@@ -440,7 +440,7 @@ mod tests {
         assert_eq!(c.compression, Compression::Gzip);
     }
 
-    /// Issue 11: with the old 5 × 1 s base, the fifth retry's ceiling (16 s) never reached the
+    /// With the old 5 × 1 s base, the fifth retry's ceiling (16 s) never reached the
     /// 30 s cap, and the retries could never last the 300 s elapsed budget. Each knob must be
     /// able to end or shape an episode with the defaults.
     #[test]

@@ -1,4 +1,4 @@
-//! Issue 10: calls that meet each other — observers calling back into the spool, `persist()`
+//! Calls that meet each other — observers calling back into the spool, `persist()`
 //! during a send, `track()` racing `shutdown()`, a transport that ignores its timeout, and one
 //! `track_batch` call larger than memory.
 

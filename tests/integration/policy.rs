@@ -1,4 +1,4 @@
-//! Issue 11, delivery decisions: a 400 that refuses the request rather than its events, the
+//! Delivery decisions: a 400 that refuses the request rather than its events, the
 //! size a proxy accepts, and delivery that resumes by itself after a short outage.
 
 use std::time::Duration;
@@ -154,7 +154,7 @@ fn settle(spool: &EventSpool) {
     }
 }
 
-/// The side-by-side harness of issue 11 on the driven clock: an app tracks 200 events/s for
+/// The side-by-side outage harness on the driven clock: an app tracks 200 events/s for
 /// 10 s, the collector is down from 3 s to 23 s, the app lives until 40 s.
 fn short_outage_run(clock: &ManualClock, spool: &EventSpool, collector: &ReferenceCollectorRef) {
     for tick in 0..400u64 {

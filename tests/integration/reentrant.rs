@@ -1,4 +1,4 @@
-//! An observer that calls back into the spool from inside its callbacks (issue 10, point 1).
+//! An observer that calls back into the spool from inside its callbacks.
 //! Shared by the integration and reliability suites.
 
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -1,4 +1,4 @@
-//! eventspool behind a real nginx (issue 11, "A proxy in the test suite"): the SDK and its CLI
+//! eventspool behind a real nginx: the SDK and its CLI
 //! talk to nginx on 127.0.0.1, which proxies to the reference collector, and each scenario
 //! makes nginx answer for the collector the way proxies do in the field: 413 before the body
 //! is read, 429/503 from `limit_req`, 502 with the upstream down, 504 after the collector

@@ -99,9 +99,9 @@ fn body_limit_413_isolates_the_one_event_over_it() {
     );
 }
 
-/// Issue 11 point 3 and its acceptance figure: behind `client_max_body_size 16k` with
+/// The remembered 413 size and its bound: behind `client_max_body_size 16k` with
 /// `compression = none`, 3,000 small events cost at most 10% extra requests (413s) over the
-/// successful ones. Needs the remembered size limit (branch fix-delivery-policy).
+/// successful ones. The remembered size limit keeps it there.
 #[test]
 fn body_limit_413_costs_at_most_a_tenth_extra_requests() {
     let collector = collector(Behavior::default());
@@ -338,7 +338,7 @@ fn read_timeout_504_after_the_collector_stored_resends_the_same_ids() {
 
 /// nginx answers "400 Request Header Or Cookie Too Large" to every request when the API key
 /// header is over `large_client_header_buffers`. The refusal is about the request, not the
-/// events (issue 11 point 2, branch fix-delivery-policy): delivery pauses `Paused{config}`
+/// events: delivery pauses `Paused{config}`
 /// after O(log N) requests, nothing is quarantined, the events stay queued (`send` exits 3),
 /// and a `flush` with a key that fits delivers them all.
 #[test]

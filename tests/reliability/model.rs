@@ -1111,7 +1111,7 @@ fn replay(text: &str) {
     }
 }
 
-// Shrunk failures the model found (issue 10), replayed deterministically so each fix can run
+// Shrunk failures the model found, replayed deterministically so each fix can run
 // its own: `cargo test --all-features --test reliability model_replay`.
 
 /// Point 2: a 2xx whose `rejected` list outgrows the response read bound.

@@ -656,13 +656,10 @@ impl Worker {
                 if batch.events.len() > 1 {
                     let n = batch.events.len();
                     self.split.get_or_insert_with(|| Split::new(n));
-                    let mut left = batch.events;
-                    let right = left.split_off(left.len() / 2);
                     if too_large {
                         self.size_limit.refused(batch.body_bytes);
                     }
-                    self.work.push_front(Batch::new(right));
-                    self.work.push_front(Batch::new(left));
+                    self.resend_in_halves(batch);
                 } else if too_large {
                     self.size_limit.refused(batch.body_bytes);
                     self.quarantine_batch(batch, reason::TOO_LARGE, detail, status);
@@ -672,10 +669,7 @@ impl Worker {
             }
             Outcome::CutShort { failure } => {
                 if batch.events.len() > 1 {
-                    let mut left = batch.events;
-                    let right = left.split_off(left.len() / 2);
-                    self.work.push_front(Batch::new(right));
-                    self.work.push_front(Batch::new(left));
+                    self.resend_in_halves(batch);
                 } else {
                     self.work.push_front(batch);
                     self.transient(failure, None);
@@ -742,6 +736,15 @@ impl Worker {
         }
     }
 
+    /// Puts the two halves of a batch at the front of the work, in order, each as a new batch:
+    /// the one bisection step of a 400/413, a cut-short answer and `max_sends` isolation.
+    fn resend_in_halves(&mut self, batch: Batch) {
+        let mut left = batch.events;
+        let right = left.split_off(left.len() / 2);
+        self.work.push_front(Batch::new(right));
+        self.work.push_front(Batch::new(left));
+    }
+
     fn quarantine_batch(&mut self, batch: Batch, why: &str, detail: String, status: u16) {
         self.quarantine(batch.events, why, detail, Some(status), batch.attempts);
     }
@@ -759,10 +762,7 @@ impl Worker {
         }
         if batch.events.len() > 1 {
             self.isolation.get_or_insert(self.answers);
-            let mut left = batch.events;
-            let right = left.split_off(left.len() / 2);
-            self.work.push_front(Batch::new(right));
-            self.work.push_front(Batch::new(left));
+            self.resend_in_halves(batch);
             return None;
         }
         if self.isolation.is_some_and(|mark| self.answers > mark) {

@@ -14,7 +14,7 @@ use crate::event::{QueuedEvent, SendNote};
 use crate::quarantine::{MemoryQuarantine, QuarantinedEvent};
 use crate::state::{DeliveryObserver, DeliveryState, DeliveryStatus, Notice};
 use crate::stats::{Counters, DropReason};
-use crate::store::Store;
+use crate::store::{Inserted, Store};
 use crate::transport::Transport;
 
 /// Locks a mutex even if a panicking thread poisoned it: every structure behind these locks is
@@ -294,11 +294,8 @@ impl Shared {
             self.mark_committed(generation, None);
             return Ok(());
         }
-        match store.insert(&events) {
-            Ok(report) => {
-                self.counters.drop(DropReason::DiskCap, report.evicted);
-                self.counters
-                    .drop(DropReason::QuarantineCap, report.evicted_quarantine);
+        match self.insert_counted(store, &events) {
+            Ok(_) => {
                 // Everything requested up to `generation` is on disk only once nothing was left.
                 if rest == 0 {
                     self.mark_committed(generation, None);
@@ -330,6 +327,17 @@ impl Shared {
                 self.counters.drop(DropReason::MemoryOverflow, dropped);
             }
         }
+    }
+
+    /// Writes events into the store's queue and counts what its cap evicted to make room
+    /// (`disk_cap`, `quarantine_cap`): spill, persist and a large `track_batch` all write
+    /// through here, so no eviction goes uncounted.
+    pub fn insert_counted(&self, store: &Store, events: &[QueuedEvent]) -> Result<Inserted> {
+        let report = store.insert(events)?;
+        self.counters.drop(DropReason::DiskCap, report.evicted);
+        self.counters
+            .drop(DropReason::QuarantineCap, report.evicted_quarantine);
+        Ok(report)
     }
 
     /// Spills now; a thread waiting for the lock (the delivery worker) gets it next.
@@ -449,13 +457,8 @@ impl Shared {
         let first_copy = moved.len();
         let mut all = moved;
         all.extend(copies);
-        match store.insert(&all) {
-            Ok(report) => {
-                s.counters.drop(DropReason::DiskCap, report.evicted);
-                s.counters
-                    .drop(DropReason::QuarantineCap, report.evicted_quarantine);
-                Ok(report.inserted)
-            }
+        match s.insert_counted(store, &all) {
+            Ok(report) => Ok(report.inserted),
             Err(e) => {
                 all.truncate(first_copy);
                 store.release(&copy_seqs);

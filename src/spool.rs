@@ -389,13 +389,8 @@ impl EventSpool {
                 events.sort_unstable_by_key(QueuedEvent::key);
                 let rest = events.split_off(events.len() - room);
                 let direct = std::mem::replace(&mut events, rest);
-                written = match store.insert(&direct) {
-                    Ok(report) => {
-                        s.counters.drop(DropReason::DiskCap, report.evicted);
-                        s.counters
-                            .drop(DropReason::QuarantineCap, report.evicted_quarantine);
-                        Ok(())
-                    }
+                written = match s.insert_counted(store, &direct) {
+                    Ok(_) => Ok(()),
                     Err(e) => {
                         s.counters.store_errors.fetch_add(1, Ordering::Relaxed);
                         s.notice_later(Notice::StoreUnavailable {

@@ -374,14 +374,17 @@ impl Worker {
                 }
             }
         }
-        if !self.drop_expired_from_front() {
+        // One reading of the wall clock for the age check and the batch's `sent_at`: the
+        // event that passed the check is the one sent, however the clock moves meanwhile.
+        let wall_ms = self.s.clock.wall_ms();
+        if !self.drop_expired_from_front(wall_ms) {
             return;
         }
         if self.probing.is_none() {
             // A probe runs behind `WaitingForUser`: the UI keeps showing that state.
             self.s.publish(DeliveryState::Sending, None);
         }
-        let Some(result) = self.send_front().await else {
+        let Some(result) = self.send_front(wall_ms).await else {
             return;
         };
         self.last_send_ms = Some(self.s.clock.now_ms());
@@ -402,19 +405,16 @@ impl Worker {
         self.handle(outcome);
     }
 
-    /// The oldest acceptance an event may have to be sent now (`max_event_age_ms`).
-    fn age_cutoff(&self) -> i64 {
-        self.s
-            .clock
-            .wall_ms()
-            .saturating_sub(self.s.config.max_event_age_ms as i64)
+    /// The oldest acceptance an event may have to be sent at `wall_ms` (`max_event_age_ms`).
+    fn age_cutoff(&self, wall_ms: i64) -> i64 {
+        wall_ms.saturating_sub(self.s.config.max_event_age_ms as i64)
     }
 
     /// Drops every queued event, in memory and in the store, accepted longer than
     /// `max_event_age_ms` ago (the batch in flight is checked by [`Worker::drop_expired_from_front`]).
     fn expire_queue(&mut self) {
         let s = &self.s;
-        let cutoff = self.age_cutoff();
+        let cutoff = self.age_cutoff(self.s.clock.wall_ms());
         let mut gone = s.buffer.lock().expire(cutoff);
         s.counters.drop(DropReason::Expired, gone.len() as u64);
         if let Some(store) = &s.store {
@@ -432,8 +432,8 @@ impl Worker {
     /// The age limit holds before every send, retries included: events of the front batch that
     /// expired while it waited (retry, `WaitingForUser`) leave as `expired`, never sent. Returns
     /// whether anything is left to send.
-    fn drop_expired_from_front(&mut self) -> bool {
-        let cutoff = self.age_cutoff();
+    fn drop_expired_from_front(&mut self, wall_ms: i64) -> bool {
+        let cutoff = self.age_cutoff(wall_ms);
         let Some(batch) = self.work.front_mut() else {
             return false;
         };
@@ -556,6 +556,7 @@ impl Worker {
     /// Sends the front batch; `None` when shutdown interrupted it.
     async fn send_front(
         &mut self,
+        wall_ms: i64,
     ) -> Option<Result<crate::transport::HttpResponse, TransportError>> {
         let s = self.s.clone();
         let batch = self.work.front_mut()?;
@@ -570,10 +571,7 @@ impl Worker {
         if let Err(e) = s.note_sends(&batch.events, SendNote::Sending) {
             tracing::warn!(error = %e, "could not record the send counts");
         }
-        let mut body = wire::batch_body(
-            batch.events.iter().map(|(e, _)| &*e.json),
-            s.clock.wall_ms(),
-        );
+        let mut body = wire::batch_body(batch.events.iter().map(|(e, _)| &*e.json), wall_ms);
         batch.body_bytes = body.len() as u64;
         let mut headers = vec![
             ("Content-Type".to_string(), "application/json".to_string()),

@@ -451,7 +451,10 @@ fn an_observer_may_call_every_verb_from_on_notice() {
         c.db_path = Some(fs.path().join("events.db"));
         c.memory_capacity = 10;
         c.durability = durability;
-        let spool = EventSpool::builder(c).open().unwrap();
+        // Offline, so every event past the ten in memory must go through the store: a worker
+        // that keeps up with the tracker on a busy machine would otherwise leave nothing to
+        // spill, and the test would wait for a notice that never comes.
+        let spool = EventSpool::builder(c).start_offline().open().unwrap();
         let (observer, rx) = Reentrant::new(true);
         observer.spool.set(spool.clone()).ok().unwrap();
         spool.add_observer(observer.clone());
@@ -459,10 +462,16 @@ fn an_observer_may_call_every_verb_from_on_notice() {
         let filler = fill(fs.path());
         // Overflow reaches the spill thread (or, with `always`, every event does); the store
         // refuses and the notice goes out.
+        // Bounded, and it stops once the observer fired: pages SQLite allocated before the disk
+        // filled are reused first, so how many events it takes to reach a refusal varies.
         let tracker = {
             let spool = spool.clone();
+            let observer = observer.clone();
             std::thread::spawn(move || {
-                for i in 0..200 {
+                for i in 0..20_000 {
+                    if observer.fired.load(std::sync::atomic::Ordering::SeqCst) {
+                        break;
+                    }
                     match spool.track("during", json!({"i": i, "pad": "x".repeat(200)})) {
                         Ok(_) | Err(Error::NotDurable { .. }) => {}
                         Err(Error::ShutDown) => break,

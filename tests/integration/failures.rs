@@ -9,6 +9,7 @@ use eventspool::{Clock, DeliveryState, EventSpool, PauseReason};
 use serde_json::json;
 
 use crate::common::*;
+use crate::rig::{Rig, pick, rig};
 
 const STEP: Duration = Duration::from_secs(1);
 
@@ -16,26 +17,21 @@ const STEP: Duration = Duration::from_secs(1);
 /// WaitingForUser{5} → retry_now fails → WaitingForUser{6} → collector back → retry_now → Idle.
 #[test]
 fn seed_story_outage_countdown_manual_retry_and_drain() {
-    let collector = collector();
-    collector.set_outage(true).unwrap();
-    let (clock, dyn_clock) = manual_clock();
-    let recorder = Arc::new(Recorder::default());
-    let mut cfg = config(&collector);
-    // The seed UI's "attempt 2 of 5".
-    cfg.max_auto_attempts = 5;
-    let (base, cap) = (cfg.backoff_base_ms, cfg.backoff_cap_ms);
-    let spool = EventSpool::builder(cfg)
-        .clock(dyn_clock)
-        .observer(recorder.clone())
-        .open()
-        .unwrap();
-    for i in 0..30 {
-        spool.track("story", json!({"i": i})).unwrap();
-    }
-    spool.flush();
-    wait_state(&spool, "first retry", |s| {
-        matches!(s, DeliveryState::RetryScheduled { attempt: 1, .. })
-    });
+    let rig = rig()
+        .collector(|c| c.set_outage(true).unwrap())
+        // The seed UI's "attempt 2 of 5".
+        .config(|c| c.max_auto_attempts = 5)
+        .open();
+    let Rig {
+        collector,
+        clock,
+        recorder,
+        spool,
+        ..
+    } = &rig;
+    let (base, cap) = (rig.config.backoff_base_ms, rig.config.backoff_cap_ms);
+    rig.track_n("story", 30);
+    rig.flush_until(pick!(DeliveryState::RetryScheduled { attempt: 1, .. }));
     // Step the clock a second at a time until the budget is spent.
     let mut steps = 0;
     loop {
@@ -129,24 +125,17 @@ fn seed_story_outage_countdown_manual_retry_and_drain() {
 /// exactly `flush_interval_ms` after the dismiss on the driven clock.
 #[test]
 fn dismiss_keeps_events_until_the_next_periodic_flush() {
-    let collector = collector();
-    collector.set_outage(true).unwrap();
-    let (clock, dyn_clock) = manual_clock();
-    let recorder = Arc::new(Recorder::default());
-    let cfg = config(&collector);
-    let flush_interval = Duration::from_millis(cfg.flush_interval_ms);
-    let spool = EventSpool::builder(cfg)
-        .clock(dyn_clock)
-        .observer(recorder.clone())
-        .open()
-        .unwrap();
-    for i in 0..25 {
-        spool.track("kept", json!({"i": i})).unwrap();
-    }
-    spool.flush();
-    wait_state(&spool, "retry scheduled", |s| {
-        matches!(s, DeliveryState::RetryScheduled { .. })
-    });
+    let rig = rig().collector(|c| c.set_outage(true).unwrap()).open();
+    let Rig {
+        collector,
+        clock,
+        recorder,
+        spool,
+        ..
+    } = &rig;
+    let flush_interval = Duration::from_millis(rig.config.flush_interval_ms);
+    rig.track_n("kept", 25);
+    rig.flush_until(pick!(DeliveryState::RetryScheduled { .. }));
     let dismissed_at = clock.now_ms();
     spool.dismiss();
     let status = wait_state(&spool, "idle", |s| *s == DeliveryState::Idle);
@@ -178,29 +167,26 @@ fn dismiss_keeps_events_until_the_next_periodic_flush() {
 
 #[test]
 fn unauthorized_pauses_without_requests_until_a_new_key() {
-    let collector = collector();
-    collector.set_behavior(eventspool::collector::Behavior {
-        required_api_key: Some("good".into()),
-        ..Default::default()
-    });
-    let mut cfg = config(&collector);
-    cfg.api_key = Some("stale".into());
-    let (clock, dyn_clock) = manual_clock();
-    let recorder = Arc::new(Recorder::default());
-    let spool = EventSpool::builder(cfg)
-        .clock(dyn_clock)
-        .observer(recorder.clone())
-        .open()
-        .unwrap();
-    for i in 0..40 {
-        spool.track("auth", json!({"i": i})).unwrap();
-    }
-    let status = wait_state(&spool, "paused", |s| {
-        matches!(s, DeliveryState::Paused { .. })
-    });
-    let DeliveryState::Paused { reason, last_error } = status.state else {
-        unreachable!()
-    };
+    let rig = rig()
+        .collector(|c| {
+            c.set_behavior(eventspool::collector::Behavior {
+                required_api_key: Some("good".into()),
+                ..Default::default()
+            })
+        })
+        .config(|c| c.api_key = Some("stale".into()))
+        .open();
+    let Rig {
+        collector,
+        clock,
+        recorder,
+        spool,
+        ..
+    } = &rig;
+    rig.track_n("auth", 40);
+    let ((reason, last_error), status) = rig.until(pick!(
+        DeliveryState::Paused { reason, last_error } => (reason, last_error)
+    ));
     assert_eq!(reason, PauseReason::Auth);
     assert_eq!(last_error.status, Some(401));
     assert_eq!(status.pending, 40, "a pause drops nothing");
@@ -236,51 +222,42 @@ fn unauthorized_pauses_without_requests_until_a_new_key() {
 #[test]
 fn other_4xx_and_redirects_pause_as_config() {
     for status in [404u16, 302] {
-        let collector = collector();
-        collector.push_statuses(&[status]);
-        let spool = EventSpool::builder(config(&collector))
-            .clock(instant_clock())
-            .open()
-            .unwrap();
-        spool.track("c", json!({})).unwrap();
-        spool.flush();
-        let s = wait_state(&spool, "paused", |s| {
-            matches!(
-                s,
-                DeliveryState::Paused {
-                    reason: PauseReason::Config,
-                    ..
-                }
-            )
-        });
+        let rig = rig()
+            .collector(|c| c.push_statuses(&[status]))
+            .instant()
+            .open();
+        rig.track_n("c", 1);
+        let (_, s) = rig.flush_until(pick!(DeliveryState::Paused {
+            reason: PauseReason::Config,
+            ..
+        }));
         assert_eq!(s.pending, 1);
-        spool.resume();
-        assert!(spool.wait_drained(WAIT));
-        assert_eq!(collector.distinct_count(), 1);
+        rig.resume();
+        assert!(rig.wait_drained(WAIT));
+        assert_eq!(rig.collector.distinct_count(), 1);
     }
 }
 
 #[test]
 fn retry_after_is_honoured_on_the_driven_clock_and_capped() {
-    let collector = collector();
-    collector.push_script([Scripted::Status {
-        status: 429,
-        body: String::new(),
-        headers: vec![("Retry-After".into(), "7".into())],
-    }]);
-    let (clock, dyn_clock) = manual_clock();
-    let spool = EventSpool::builder(config(&collector))
-        .clock(dyn_clock)
-        .open()
-        .unwrap();
-    spool.track("limited", json!({})).unwrap();
-    spool.flush();
-    let s = wait_state(&spool, "retry", |s| {
-        matches!(s, DeliveryState::RetryScheduled { .. })
-    });
-    let DeliveryState::RetryScheduled { retry_in_ms, .. } = s.state else {
-        unreachable!()
-    };
+    let rig = rig()
+        .collector(|c| {
+            c.push_script([Scripted::Status {
+                status: 429,
+                body: String::new(),
+                headers: vec![("Retry-After".into(), "7".into())],
+            }])
+        })
+        .open();
+    let Rig {
+        collector,
+        clock,
+        spool,
+        ..
+    } = &rig;
+    rig.track_n("limited", 1);
+    let (retry_in_ms, _) =
+        rig.flush_until(pick!(DeliveryState::RetryScheduled { retry_in_ms, .. } => retry_in_ms));
     assert!(
         retry_in_ms >= 7_000,
         "not before Retry-After: {retry_in_ms}"
@@ -335,20 +312,28 @@ fn collector_with_retry_after(value: &str) -> eventspool::collector::ReferenceCo
 fn elapsed_budget_hands_over_to_the_user() {
     const DELAY_MS: u64 = 3_000;
     const BUDGET_MS: u64 = 18_000;
-    let collector = collector();
-    collector.set_behavior(eventspool::collector::Behavior {
-        fail_rate: 1.0,
-        retry_after: Some((DELAY_MS / 1000).to_string()),
-        ..Default::default()
-    });
-    let (clock, dyn_clock) = manual_clock();
-    let mut cfg = config(&collector);
-    cfg.max_auto_attempts = 50;
-    cfg.max_retry_elapsed_ms = BUDGET_MS;
-    cfg.backoff_base_ms = 1;
-    cfg.backoff_cap_ms = 1;
-    let spool = EventSpool::builder(cfg).clock(dyn_clock).open().unwrap();
-    spool.track("e", json!({})).unwrap();
+    let rig = rig()
+        .collector(|c| {
+            c.set_behavior(eventspool::collector::Behavior {
+                fail_rate: 1.0,
+                retry_after: Some((DELAY_MS / 1000).to_string()),
+                ..Default::default()
+            })
+        })
+        .config(|c| {
+            c.max_auto_attempts = 50;
+            c.max_retry_elapsed_ms = BUDGET_MS;
+            c.backoff_base_ms = 1;
+            c.backoff_cap_ms = 1;
+        })
+        .open();
+    let Rig {
+        collector,
+        clock,
+        spool,
+        ..
+    } = &rig;
+    rig.track_n("e", 1);
     spool.flush();
     let start = clock.now_ms();
     let expected_retries = (BUDGET_MS / DELAY_MS) as u32;
@@ -386,12 +371,8 @@ fn elapsed_budget_hands_over_to_the_user() {
             "worker did not react to the clock"
         );
     }
-    let s = wait_state(&spool, "waiting", |s| {
-        matches!(s, DeliveryState::WaitingForUser { .. })
-    });
-    let DeliveryState::WaitingForUser { attempts, .. } = s.state else {
-        unreachable!()
-    };
+    let (attempts, _) =
+        rig.until(pick!(DeliveryState::WaitingForUser { attempts, .. } => attempts));
     assert_eq!(
         attempts, expected_retries,
         "the elapsed budget ended the episode"
@@ -405,18 +386,18 @@ fn elapsed_budget_hands_over_to_the_user() {
 /// the first failure after it announces retry 1 of 5 again, not a sixth attempt.
 #[test]
 fn offline_makes_no_attempts_and_reconnect_starts_a_fresh_episode() {
-    let collector = collector();
-    collector.set_outage(true).unwrap();
-    let (clock, dyn_clock) = manual_clock();
-    let recorder = Arc::new(Recorder::default());
-    let mut cfg = config(&collector);
-    cfg.max_auto_attempts = 5;
-    let spool = EventSpool::builder(cfg)
-        .clock(dyn_clock)
-        .observer(recorder.clone())
-        .open()
-        .unwrap();
-    spool.track("o", json!({})).unwrap();
+    let rig = rig()
+        .collector(|c| c.set_outage(true).unwrap())
+        .config(|c| c.max_auto_attempts = 5)
+        .open();
+    let Rig {
+        collector,
+        clock,
+        recorder,
+        spool,
+        ..
+    } = &rig;
+    rig.track_n("o", 1);
     spool.flush();
     let waiting = |s: &DeliveryState| matches!(s, DeliveryState::WaitingForUser { .. });
     for _ in 0..400 {
@@ -496,22 +477,19 @@ fn offline_makes_no_attempts_and_reconnect_starts_a_fresh_episode() {
 
 #[test]
 fn opt_out_stops_tracking_and_purge_deletes_the_queue() {
-    let collector = collector();
-    let dir = tempfile::tempdir().unwrap();
-    let mut cfg = config(&collector);
-    cfg.db_path = Some(dir.path().join("e.db"));
-    cfg.memory_capacity = 10;
-    let (clock, dyn_clock) = manual_clock();
-    let recorder = Arc::new(Recorder::default());
-    let spool = EventSpool::builder(cfg)
-        .clock(dyn_clock)
-        .observer(recorder.clone())
-        .start_offline()
-        .open()
-        .unwrap();
-    for i in 0..50 {
-        spool.track("before", json!({"i": i})).unwrap();
-    }
+    let rig = rig()
+        .config(|c| c.memory_capacity = 10)
+        .stored()
+        .offline()
+        .open();
+    let Rig {
+        collector,
+        clock,
+        recorder,
+        spool,
+        ..
+    } = &rig;
+    rig.track_n("before", 50);
     spool.set_enabled(false);
     wait_state(&spool, "disabled", |s| *s == DeliveryState::Disabled);
     assert!(matches!(
@@ -563,26 +541,19 @@ fn a_panicking_observer_does_not_stop_delivery() {
 
 #[test]
 fn a_pause_survives_a_reconnect() {
-    let collector = collector();
-    collector.push_statuses(&[403]);
-    let (clock, dyn_clock) = manual_clock();
-    let recorder = Arc::new(Recorder::default());
-    let spool = EventSpool::builder(config(&collector))
-        .clock(dyn_clock)
-        .observer(recorder.clone())
-        .open()
-        .unwrap();
-    spool.track("x", json!({})).unwrap();
-    spool.flush();
-    wait_state(&spool, "paused", |s| {
-        matches!(
-            s,
-            DeliveryState::Paused {
-                reason: PauseReason::Auth,
-                ..
-            }
-        )
-    });
+    let rig = rig().collector(|c| c.push_statuses(&[403])).open();
+    let Rig {
+        collector,
+        clock,
+        recorder,
+        spool,
+        ..
+    } = &rig;
+    rig.track_n("x", 1);
+    rig.flush_until(pick!(DeliveryState::Paused {
+        reason: PauseReason::Auth,
+        ..
+    }));
     spool.set_online(false);
     wait_state(&spool, "offline", |s| *s == DeliveryState::Offline);
     spool.set_online(true);

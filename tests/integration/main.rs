@@ -11,3 +11,4 @@ mod pipeline;
 mod policy;
 mod quarantine;
 mod reentrant;
+mod rig;

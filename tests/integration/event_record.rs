@@ -10,6 +10,7 @@ use serde_json::json;
 
 use crate::common::*;
 use crate::episode::drive_to_waiting_for_user;
+use crate::rig::{Rig, pick, rig};
 
 const DAY_MS: i64 = 24 * 3600 * 1000;
 
@@ -23,17 +24,15 @@ fn event_at(name: &str, timestamp: &str) -> NewEvent {
 /// An importer's historical timestamp is the event's, not its age: the event was accepted now.
 #[test]
 fn explicit_old_timestamp_is_delivered_not_expired() {
-    let collector = collector();
-    let spool = EventSpool::builder(config(&collector))
-        .clock(instant_clock())
-        .open()
-        .unwrap();
+    let rig = rig().instant().open();
+    let Rig {
+        collector, spool, ..
+    } = &rig;
     // The clock stands at 2025-11-29; this event happened almost a year earlier.
     let id = spool
         .track_event(event_at("imported", "2025-01-02T03:04:05.006Z"))
         .unwrap();
-    spool.flush();
-    assert!(spool.wait_drained(WAIT), "{}", spool.state());
+    rig.flush_drained();
     let stats = spool.stats();
     assert_eq!(
         (stats.delivered, stats.dropped(DropReason::Expired)),
@@ -114,21 +113,20 @@ fn acceptance_time_survives_a_reopen() {
 /// expired meanwhile are dropped (`expired`), never sent.
 #[test]
 fn retry_now_drops_events_that_expired_while_waiting() {
-    let collector = collector();
-    collector.push_statuses(&[503]);
-    let mut cfg = config(&collector);
-    cfg.max_event_age_ms = 60_000;
-    let (clock, dyn_clock) = manual_clock();
-    let spool = EventSpool::builder(cfg).clock(dyn_clock).open().unwrap();
-    for i in 0..3 {
-        spool.track("e", json!({"i": i})).unwrap();
-    }
+    let rig = rig()
+        .collector(|c| c.push_statuses(&[503]))
+        .config(|c| c.max_event_age_ms = 60_000)
+        .open();
+    let Rig {
+        collector,
+        clock,
+        spool,
+        ..
+    } = &rig;
+    rig.track_n("e", 3);
     clock.jump_wall(30_000);
     let fresh = spool.track("fresh", json!({})).unwrap();
-    spool.flush();
-    wait_state(&spool, "first retry", |s| {
-        matches!(s, DeliveryState::RetryScheduled { attempt: 1, .. })
-    });
+    rig.flush_until(pick!(DeliveryState::RetryScheduled { attempt: 1, .. }));
     assert_eq!(collector.request_count(), 1);
     // Forty seconds later the first three are 70 s old, the fourth 40 s.
     clock.jump_wall(40_000);

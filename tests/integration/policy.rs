@@ -8,6 +8,7 @@ use eventspool::{Compression, DeliveryState, EventSpool, ManualClock, PauseReaso
 use serde_json::json;
 
 use crate::common::*;
+use crate::rig::{Rig, pick, rig};
 
 /// nginx's "400 Request Header Or Cookie Too Large" answers every request alike: the split must
 /// stop after a few requests, pause as a configuration problem and quarantine nothing.
@@ -238,27 +239,24 @@ fn step_until(
 /// the state and moves the next probe further out; a success drains as a fresh episode.
 #[test]
 fn waiting_for_user_probes_slowly_and_resumes_by_itself() {
-    let collector = collector();
-    collector.set_outage(true).unwrap();
-    let (clock, dyn_clock) = manual_clock();
-    let mut cfg = config(&collector);
-    cfg.max_auto_attempts = 2;
-    let recorder = std::sync::Arc::new(Recorder::default());
-    let spool = EventSpool::builder(cfg.clone())
-        .clock(dyn_clock)
-        .jitter_seed(7)
-        .observer(recorder.clone())
-        .start_offline()
-        .open()
-        .unwrap();
-    for i in 0..30 {
-        spool.track("p", json!({"i": i})).unwrap();
-    }
+    let rig = rig()
+        .collector(|c| c.set_outage(true).unwrap())
+        .config(|c| c.max_auto_attempts = 2)
+        .seed(7)
+        .offline()
+        .open();
+    let Rig {
+        collector,
+        clock,
+        recorder,
+        config: cfg,
+        spool,
+        ..
+    } = &rig;
+    rig.track_n("p", 30);
     // One batch of 30, sent when the app comes online.
     spool.set_online(true);
-    wait_state(&spool, "the first retry", |s| {
-        matches!(s, DeliveryState::RetryScheduled { .. })
-    });
+    rig.until(pick!(DeliveryState::RetryScheduled { .. }));
     step_until(&clock, &spool, "waiting for user", |s| {
         matches!(s, DeliveryState::WaitingForUser { .. })
     });
@@ -350,23 +348,23 @@ fn clock_wall(clock: &std::sync::Arc<ManualClock>) -> i64 {
 #[test]
 fn coming_to_the_foreground_sends_again_at_once() {
     for max_auto_attempts in [1, 10] {
-        let collector = collector();
-        collector.set_outage(true).unwrap();
-        let (clock, dyn_clock) = manual_clock();
-        let mut cfg = config(&collector);
-        cfg.max_auto_attempts = max_auto_attempts;
-        cfg.backoff_base_ms = 60_000;
-        cfg.backoff_cap_ms = 60_000;
-        let spool = EventSpool::builder(cfg)
-            .clock(dyn_clock)
-            .jitter_seed(3)
-            .open()
-            .unwrap();
-        spool.track("f", json!({})).unwrap();
-        spool.flush();
-        wait_state(&spool, "retry scheduled", |s| {
-            matches!(s, DeliveryState::RetryScheduled { .. })
-        });
+        let rig = rig()
+            .collector(|c| c.set_outage(true).unwrap())
+            .config(|c| {
+                c.max_auto_attempts = max_auto_attempts;
+                c.backoff_base_ms = 60_000;
+                c.backoff_cap_ms = 60_000;
+            })
+            .seed(3)
+            .open();
+        let Rig {
+            collector,
+            clock,
+            spool,
+            ..
+        } = &rig;
+        rig.track_n("f", 1);
+        rig.flush_until(pick!(DeliveryState::RetryScheduled { .. }));
         if max_auto_attempts == 1 {
             step_until(&clock, &spool, "waiting for user", |s| {
                 matches!(s, DeliveryState::WaitingForUser { .. })

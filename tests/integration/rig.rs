@@ -27,7 +27,7 @@ pub struct Rig {
     pub config: Config,
     pub spool: EventSpool,
     /// Where the store lives when the rig was opened `stored()`; removed with the rig.
-    pub dir: tempfile::TempDir,
+    _dir: tempfile::TempDir,
 }
 
 /// How a [`Rig`] is opened; start with [`rig`].
@@ -37,6 +37,7 @@ pub struct RigBuilder {
     stored: bool,
     offline: bool,
     auto_advance: bool,
+    jitter_seed: Option<u64>,
 }
 
 /// A rig on a fresh collector, with [`config`]'s settings (no throttle between batches), a
@@ -50,6 +51,7 @@ pub fn rig() -> RigBuilder {
         stored: false,
         offline: false,
         auto_advance: false,
+        jitter_seed: None,
     }
 }
 
@@ -84,6 +86,12 @@ impl RigBuilder {
         self
     }
 
+    /// Seeds the retry jitter, so a run replays exactly.
+    pub fn seed(mut self, seed: u64) -> RigBuilder {
+        self.jitter_seed = Some(seed);
+        self
+    }
+
     pub fn open(self) -> Rig {
         let dir = tempfile::tempdir().expect("temp dir for the store");
         let mut config = self.config;
@@ -96,6 +104,9 @@ impl RigBuilder {
         let mut builder = EventSpool::builder(config.clone())
             .clock(Arc::new(clock.clone()))
             .observer(recorder.clone());
+        if let Some(seed) = self.jitter_seed {
+            builder = builder.jitter_seed(seed);
+        }
         if self.offline {
             builder = builder.start_offline();
         }
@@ -106,7 +117,7 @@ impl RigBuilder {
             recorder,
             config,
             spool,
-            dir,
+            _dir: dir,
         }
     }
 }

@@ -52,7 +52,7 @@ fn seed_story_outage_countdown_manual_retry_and_drain() {
         DeliveryState::WaitingForUser { attempts: 5, .. }
     ));
     spool.retry_now();
-    wait_state(&spool, "6 attempts", |s| {
+    wait_state(spool, "6 attempts", |s| {
         matches!(s, DeliveryState::WaitingForUser { attempts: 6, .. })
     });
     collector.set_outage(false).unwrap();
@@ -138,14 +138,14 @@ fn dismiss_keeps_events_until_the_next_periodic_flush() {
     rig.flush_until(pick!(DeliveryState::RetryScheduled { .. }));
     let dismissed_at = clock.now_ms();
     spool.dismiss();
-    let status = wait_state(&spool, "idle", |s| *s == DeliveryState::Idle);
+    let status = wait_state(spool, "idle", |s| *s == DeliveryState::Idle);
     assert_eq!(status.pending, 25, "dismiss keeps every event");
     collector.set_outage(false).unwrap();
     let requests = collector.request_count();
     spool.track("more", json!({})).unwrap();
     // Up to 1 ms before the periodic flush is due: nothing may be sent.
     clock.advance(flush_interval - Duration::from_millis(1));
-    let shown = settle(&spool, &recorder);
+    let shown = settle(spool, recorder);
     assert_eq!(
         (
             shown.state,
@@ -196,7 +196,7 @@ fn unauthorized_pauses_without_requests_until_a_new_key() {
     spool.retry_now();
     spool.track("while paused", json!({})).unwrap();
     clock.advance(PAST_EVERY_TIMER);
-    let shown = settle(&spool, &recorder);
+    let shown = settle(spool, recorder);
     assert!(
         matches!(
             shown.state,
@@ -338,7 +338,7 @@ fn elapsed_budget_hands_over_to_the_user() {
     let start = clock.now_ms();
     let expected_retries = (BUDGET_MS / DELAY_MS) as u32;
     for attempt in 1..=expected_retries {
-        let s = wait_state(&spool, "a retry or the hand-over", |s| match s {
+        let s = wait_state(spool, "a retry or the hand-over", |s| match s {
             DeliveryState::RetryScheduled { attempt: a, .. } => *a >= attempt,
             DeliveryState::WaitingForUser { .. } => true,
             _ => false,
@@ -409,20 +409,20 @@ fn offline_makes_no_attempts_and_reconnect_starts_a_fresh_episode() {
             "worker did not react to the clock"
         );
     }
-    let s = wait_state(&spool, "waiting", waiting);
+    let s = wait_state(spool, "waiting", waiting);
     assert!(
         matches!(s.state, DeliveryState::WaitingForUser { attempts: 5, .. }),
         "{s:?}"
     );
     spool.set_online(false);
-    wait_state(&spool, "offline", |s| *s == DeliveryState::Offline);
+    wait_state(spool, "offline", |s| *s == DeliveryState::Offline);
     // The collector refuses connections, so the SDK's own count of attempts is the measure.
     let before = spool.stats().requests;
     assert_eq!(before, 6, "the first send and 5 retries");
     spool.flush();
     spool.retry_now();
     clock.advance(PAST_EVERY_TIMER);
-    let shown = settle(&spool, &recorder);
+    let shown = settle(spool, recorder);
     assert_eq!(shown.state, DeliveryState::Offline);
     assert_eq!(
         spool.stats().requests,
@@ -433,7 +433,7 @@ fn offline_makes_no_attempts_and_reconnect_starts_a_fresh_episode() {
     // Back online while the collector is still down: one attempt, then retry 1 of 5.
     let from = recorder.seen().len();
     spool.set_online(true);
-    let s = wait_state(&spool, "a fresh retry", |s| {
+    let s = wait_state(spool, "a fresh retry", |s| {
         matches!(
             s,
             DeliveryState::RetryScheduled { .. } | DeliveryState::WaitingForUser { .. }
@@ -491,7 +491,7 @@ fn opt_out_stops_tracking_and_purge_deletes_the_queue() {
     } = &rig;
     rig.track_n("before", 50);
     spool.set_enabled(false);
-    wait_state(&spool, "disabled", |s| *s == DeliveryState::Disabled);
+    wait_state(spool, "disabled", |s| *s == DeliveryState::Disabled);
     assert!(matches!(
         spool.track("after", json!({})),
         Err(eventspool::Error::Disabled)
@@ -555,13 +555,13 @@ fn a_pause_survives_a_reconnect() {
         ..
     }));
     spool.set_online(false);
-    wait_state(&spool, "offline", |s| *s == DeliveryState::Offline);
+    wait_state(spool, "offline", |s| *s == DeliveryState::Offline);
     spool.set_online(true);
-    wait_state(&spool, "paused again", |s| {
+    wait_state(spool, "paused again", |s| {
         matches!(s, DeliveryState::Paused { .. })
     });
     clock.advance(PAST_EVERY_TIMER);
-    let shown = settle(&spool, &recorder);
+    let shown = settle(spool, recorder);
     assert!(
         matches!(
             shown.state,

@@ -257,7 +257,7 @@ fn waiting_for_user_probes_slowly_and_resumes_by_itself() {
     // One batch of 30, sent when the app comes online.
     spool.set_online(true);
     rig.until(pick!(DeliveryState::RetryScheduled { .. }));
-    step_until(&clock, &spool, "waiting for user", |s| {
+    step_until(clock, spool, "waiting for user", |s| {
         matches!(s, DeliveryState::WaitingForUser { .. })
     });
     let probe_in = |s: &DeliveryState| match s {
@@ -275,12 +275,12 @@ fn waiting_for_user_probes_slowly_and_resumes_by_itself() {
         first_in > 0 && first_in <= cfg.probe_base_ms,
         "first probe within probe_base_ms: {first_in}"
     );
-    assert_eq!(at, clock_wall(&clock) + first_in as i64, "next_probe_at_ms");
+    assert_eq!(at, clock_wall(clock) + first_in as i64, "next_probe_at_ms");
     let requests = spool.stats().requests;
 
     // Just before the probe: nothing is sent.
     clock.advance(Duration::from_millis(first_in - 1));
-    settle(&spool);
+    settle(spool);
     assert_eq!(
         spool.stats().requests,
         requests,
@@ -296,7 +296,7 @@ fn waiting_for_user_probes_slowly_and_resumes_by_itself() {
         );
         std::thread::sleep(Duration::from_millis(1));
     }
-    settle(&spool);
+    settle(spool);
     assert_eq!(
         spool.stats().requests,
         requests + 1,
@@ -366,11 +366,11 @@ fn coming_to_the_foreground_sends_again_at_once() {
         rig.track_n("f", 1);
         rig.flush_until(pick!(DeliveryState::RetryScheduled { .. }));
         if max_auto_attempts == 1 {
-            step_until(&clock, &spool, "waiting for user", |s| {
+            step_until(clock, spool, "waiting for user", |s| {
                 matches!(s, DeliveryState::WaitingForUser { .. })
             });
         }
-        settle(&spool);
+        settle(spool);
         let parked = spool.state();
         collector.set_outage(false).unwrap();
         spool.set_foreground(false);

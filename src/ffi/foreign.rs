@@ -68,7 +68,7 @@ impl state::DeliveryObserver for ObserverAdapter {
 }
 
 /// One HTTP request the SDK wants sent (docs/protocol.md §Request: a POST of a gzip or JSON batch).
-#[derive(Clone, Debug, uniffi::Record)]
+#[derive(Clone, uniffi::Record)]
 pub struct TransportRequest {
     pub method: String,
     pub url: String,
@@ -76,6 +76,21 @@ pub struct TransportRequest {
     pub body: Vec<u8>,
     /// The whole exchange should finish within this; the SDK gives up on it after that anyway.
     pub timeout_ms: u64,
+}
+
+/// Headers are shown by name only, as for [`transport::HttpRequest`]: `Authorization` carries the API key.
+impl std::fmt::Debug for TransportRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut names: Vec<&str> = self.headers.keys().map(String::as_str).collect();
+        names.sort_unstable();
+        f.debug_struct("TransportRequest")
+            .field("method", &self.method)
+            .field("url", &self.url)
+            .field("headers", &names)
+            .field("body_bytes", &self.body.len())
+            .field("timeout_ms", &self.timeout_ms)
+            .finish()
+    }
 }
 
 /// Any HTTP answer, whatever its status: the SDK classifies it (docs/protocol.md §Responses). Do

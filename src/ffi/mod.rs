@@ -651,6 +651,30 @@ mod tests {
         assert!(!text.contains("sk-live-0123456789"), "{text}");
     }
 
+    /// The request handed to the app's transport carries the key in `Authorization`; logging it
+    /// with `{:?}` must not print the key.
+    #[test]
+    fn debug_of_a_transport_request_never_prints_the_api_key() {
+        let request = foreign::TransportRequest {
+            method: "POST".into(),
+            url: "https://x.example/b".into(),
+            headers: [(
+                "Authorization".to_string(),
+                "Bearer sk-live-0123456789".to_string(),
+            )]
+            .into_iter()
+            .collect(),
+            body: b"{}".to_vec(),
+            timeout_ms: 1_000,
+        };
+        let text = format!("{request:?} {request:#?}");
+        assert!(!text.contains("sk-live-0123456789"), "{text}");
+        assert!(
+            text.contains("Authorization"),
+            "the header is still named: {text}"
+        );
+    }
+
     /// The app's transport hands over whatever it read; the adapter keeps the batch's bound and
     /// says when it cut, so a long 2xx is never mistaken for a whole one.
     #[test]

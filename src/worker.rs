@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime};
 use crate::classify::classify;
 use crate::config::{Compression, Durability};
 use crate::event::{QueuedEvent, SendNote};
-use crate::machine::{Action, Events, Input, Jitter, Machine, Policy};
+use crate::machine::{Action, Events, Input, Jitter, Machine, Policy, send_note};
 use crate::quarantine::QuarantinedEvent;
 use crate::shared::{Shared, lock, seqs_by_origin};
 use crate::state::Notice;
@@ -296,14 +296,9 @@ impl Worker {
             _ = shutdown.wait_for(|stop| *stop) => return None,
         };
         let now_ms = s.clock.now_ms();
-        let note = match &result {
-            Ok(_) => Some(SendNote::Answered),
-            Err(TransportError::Connect(_) | TransportError::Tls(_)) => Some(SendNote::NotSent),
-            Err(TransportError::Timeout | TransportError::Io(_)) => None,
-        };
         Some(Input::Answer {
             now_ms,
-            note,
+            note: send_note(&result),
             outcome: classify(&result, SystemTime::now()),
             body_bytes,
         })

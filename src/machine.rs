@@ -1399,8 +1399,10 @@ mod tests {
             row(idle(), TickAfter(10_000), &["flush_at seen"], "sending"),
             row(idle(), Tick, &["publish idle", "wait +10000"], "idle"),
             row(idle(), TickEmpty, &["publish idle", "wait"], "idle"),
-            row(idle(), TickAfter(20_000), &["flush_at seen"], "sending"),
             row(idle(), Dismiss, &[], "idle"),
+            row(idle(), Resume, &[], "idle"),
+            // A batch nobody asked for is not sent: it goes back.
+            row(idle(), Batch(2), &["release 2"], "idle"),
             // Sending: take a batch, send it, ok ──▶ Idle once the queue is empty.
             row(draining(), Tick, &["next batch <=524224"], "sending"),
             row(asked(), Empty, &["flush_at seen"], "idle"),
@@ -1593,7 +1595,7 @@ mod tests {
                 "retry_scheduled 1 +1000",
             ),
         ];
-        assert_eq!(drive(policy(), &rows), 60);
+        assert_eq!(drive(policy(), &rows), 61);
     }
 
     /// docs/delivery.md §Retry: the per-episode budgets and what starts a fresh episode.

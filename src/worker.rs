@@ -99,9 +99,7 @@ impl Worker {
                 }),
                 Action::Send { attempt, wall_ms } => self.send(attempt, wall_ms).await,
                 Action::NoteSends { events, note } => {
-                    if let Err(e) = self.s.note_sends(&events, note) {
-                        tracing::warn!(error = %e, "could not record the send counts");
-                    }
+                    self.note_sends(&events, note);
                     None
                 }
                 Action::Ack(events) => {
@@ -258,10 +256,8 @@ impl Worker {
     /// becomes the machine's next input.
     async fn send(&mut self, attempt: u32, wall_ms: i64) -> Option<Input> {
         let s = self.s.clone();
+        self.note_sends(self.machine.in_flight(), SendNote::Sending);
         let events = self.machine.in_flight();
-        if let Err(e) = s.note_sends(events, SendNote::Sending) {
-            tracing::warn!(error = %e, "could not record the send counts");
-        }
         let mut body = wire::batch_body(events.iter().map(|(e, _)| &*e.json), wall_ms);
         let body_bytes = body.len() as u64;
         let mut headers = vec![
@@ -302,6 +298,13 @@ impl Worker {
             outcome: classify(&result, SystemTime::now()),
             body_bytes,
         })
+    }
+
+    /// Records a send's bookkeeping for events that stay queued.
+    fn note_sends(&self, events: &[(QueuedEvent, bool)], note: SendNote) {
+        if let Err(e) = self.s.note_sends(events, note) {
+            tracing::warn!(error = %e, "could not record the send counts");
+        }
     }
 
     /// Delivered events leave the queue.

@@ -20,6 +20,7 @@ pub mod clock;
 pub mod config;
 pub mod error;
 pub mod event;
+mod machine;
 pub mod quarantine;
 pub mod retry;
 mod shared;

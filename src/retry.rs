@@ -1,6 +1,6 @@
 //! The retry policy of docs/delivery.md §Retry as plain functions of data: the full-jitter formula,
-//! the `Retry-After` rule, and the per-episode budget. The worker only carries out what these
-//! decide, and the fleet simulation runs this same code on a virtual clock.
+//! the `Retry-After` rule, and the per-episode budget. The delivery machine (`src/machine.rs`) only
+//! carries out what these decide, and the fleet simulation runs this same code on a virtual clock.
 
 use std::time::SystemTime;
 

@@ -1,4 +1,5 @@
-//! What splitting a refused batch teaches, as plain data the worker carries out.
+//! What splitting a refused batch teaches, as plain data the delivery machine
+//! (`src/machine.rs`) carries out.
 //!
 //! A 400/422 for a batch means "something in here is bad", and the SDK halves the batch until
 //! the bad events stand alone (docs/protocol.md §Responses). But a proxy in front of the collector

@@ -1,0 +1,1006 @@
+//! The delivery state machine of [docs/delivery.md](../docs/delivery.md) as a pure type: it
+//! decides, the worker ([`crate::worker`]) performs. No runtime, no threads, no clock reads, no
+//! I/O: every fact comes in as an [`Input`] (the app's control verbs, the clock and the queue at
+//! the driver's turn, the batch the queue gave, the transport's answer, already classified by
+//! [`crate::classify`]), and every effect goes out as an [`Action`] (publish a state, wait until a
+//! time, take a batch, send it, ack, quarantine, release, drop). The retry formula and budgets
+//! are [`crate::retry`]'s, what a split teaches is [`crate::split`]'s; this module only holds the
+//! transitions between them.
+//!
+//! Why a separate type: every transition of the state table can then be tested as a row (start
+//! state, input, expected actions and next state) without a socket, a thread or a wait, and the
+//! worker shrinks to a loop that gathers inputs and carries out actions.
+//!
+//! The protocol between the two: the driver feeds [`Input::Control`] with the verbs taken since
+//! its last turn, then [`Input::Tick`] with the clock and the queue, and performs the actions in
+//! order. [`Action::NextBatch`], [`Action::ProbeBatch`] and [`Action::Send`] are questions: the
+//! driver answers them with [`Input::Batch`] and [`Input::Answer`], and the machine always asks
+//! last, so the answer's actions follow. A turn whose actions end without [`Action::Wait`] is
+//! followed at once by the next turn.
+
+use std::collections::VecDeque;
+
+use crate::classify::{Failure, Outcome};
+use crate::config::{BATCH_OVERHEAD_BYTES, Config};
+use crate::event::{QueuedEvent, SendNote};
+use crate::quarantine::reason;
+use crate::retry::{AfterFailure, Episode, after_failure, next_delay_ms, probe_delay_ms};
+use crate::shared::Control;
+use crate::split::{LoneRefusal, SizeLimit, Split};
+use crate::state::{DeliveryState, PauseReason};
+use crate::transport::{HttpResponse, TransportError};
+
+/// Events of a batch, each with whether it was read from the store (the queue gives it back or
+/// deletes it where it lives).
+pub type Events = Vec<(QueuedEvent, bool)>;
+
+/// The settings the transitions depend on (a copy of those of [`Config`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Policy {
+    pub flush_interval_ms: u64,
+    pub min_batch_interval_ms: u64,
+    pub max_batch_bytes: u64,
+    pub max_auto_attempts: u32,
+    pub backoff_base_ms: u64,
+    pub backoff_cap_ms: u64,
+    pub retry_after_cap_ms: u64,
+    pub max_retry_elapsed_ms: u64,
+    pub probe_base_ms: u64,
+    pub probe_cap_ms: u64,
+    pub max_event_sends: u32,
+    pub max_event_age_ms: u64,
+}
+
+impl Policy {
+    pub fn of(c: &Config) -> Policy {
+        Policy {
+            flush_interval_ms: c.flush_interval_ms,
+            min_batch_interval_ms: c.min_batch_interval_ms,
+            max_batch_bytes: c.max_batch_bytes,
+            max_auto_attempts: c.max_auto_attempts,
+            backoff_base_ms: c.backoff_base_ms,
+            backoff_cap_ms: c.backoff_cap_ms,
+            retry_after_cap_ms: c.retry_after_cap_ms,
+            max_retry_elapsed_ms: c.max_retry_elapsed_ms,
+            probe_base_ms: c.probe_base_ms,
+            probe_cap_ms: c.probe_cap_ms,
+            max_event_sends: c.max_event_sends,
+            max_event_age_ms: c.max_event_age_ms,
+        }
+    }
+}
+
+/// Where the jitter samples come from: a generator (seeded for reproducible runs), or one fixed
+/// unit, so a table row can name the exact deadline.
+#[derive(Debug)]
+pub enum Jitter {
+    Random(fastrand::Rng),
+    #[cfg_attr(not(test), allow(dead_code))]
+    Fixed(f64),
+}
+
+impl Jitter {
+    pub fn seeded(seed: Option<u64>) -> Jitter {
+        Jitter::Random(match seed {
+            Some(seed) => fastrand::Rng::with_seed(seed),
+            None => fastrand::Rng::new(),
+        })
+    }
+
+    fn unit(&mut self) -> f64 {
+        match self {
+            Jitter::Random(rng) => rng.f64(),
+            Jitter::Fixed(unit) => *unit,
+        }
+    }
+}
+
+/// What the machine is told.
+#[derive(Clone, Debug)]
+pub enum Input {
+    /// The app's verbs and edges since the driver last looked
+    /// ([`crate::shared::Shared::take_control`]), at `now_ms`.
+    Control { verbs: Control, now_ms: u64 },
+    /// The driver's turn (also after a timer fired): the monotonic and wall clocks, the events
+    /// pending, and whether `flush_at` was reached since the last drain started.
+    Tick {
+        now_ms: u64,
+        wall_ms: i64,
+        pending: u64,
+        flush_at: bool,
+    },
+    /// The answer to [`Action::NextBatch`] / [`Action::ProbeBatch`]: the batch the queue leased,
+    /// in delivery order, or `None` when it is empty. `wall_ms` is read after it was taken.
+    Batch {
+        events: Option<Events>,
+        wall_ms: i64,
+    },
+    /// The answer to [`Action::Send`]: `note` is what the transport's result says about the
+    /// send ([`SendNote::Answered`] for any HTTP answer, [`SendNote::NotSent`] for a refused
+    /// connection, `None` when the effect is unknown), `outcome` its classification,
+    /// `body_bytes` the body's size before compression.
+    Answer {
+        now_ms: u64,
+        note: Option<SendNote>,
+        outcome: Outcome,
+        body_bytes: u64,
+    },
+}
+
+/// What a transport's result says about the send: any HTTP answer means the collector saw it; a
+/// refused connection or a TLS failure means the request never went out; a timeout or a broken
+/// connection leaves the effect unknown (`None`).
+pub fn send_note(result: &Result<HttpResponse, TransportError>) -> Option<SendNote> {
+    match result {
+        Ok(_) => Some(SendNote::Answered),
+        Err(TransportError::Connect(_) | TransportError::Tls(_)) => Some(SendNote::NotSent),
+        Err(TransportError::Timeout | TransportError::Io(_)) => None,
+    }
+}
+
+/// What the driver does, in order.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Action {
+    /// Record and announce this state; `deadline_ms` (monotonic) is the retry or probe time the
+    /// countdown is computed from.
+    Publish {
+        state: DeliveryState,
+        deadline_ms: Option<u64>,
+    },
+    /// Sleep until `until_ms` (monotonic), or until the app asks for something; then a new turn.
+    Wait { until_ms: Option<u64> },
+    /// Clear the "flush_at reached" flag: a drain has started, or found the queue empty.
+    FlushAtSeen,
+    /// Drop what expired from the queue, lease the next batch of at most `room_bytes` of event
+    /// JSON, deliver deferred notices; answer with [`Input::Batch`].
+    NextBatch { room_bytes: u64 },
+    /// Lease the next batch (no expiry pass) to go first as a probe; answer with [`Input::Batch`].
+    ProbeBatch { room_bytes: u64 },
+    /// Send [`Machine::in_flight`] with this `X-Eventspool-Attempt` and `sent_at`; its events
+    /// already count this send, record [`SendNote::Sending`] for them in the queue first. Answer
+    /// with [`Input::Answer`].
+    Send { attempt: u32, wall_ms: i64 },
+    /// Record a send's bookkeeping for these events in the queue (they stay queued).
+    NoteSends { events: Events, note: SendNote },
+    /// Delivered: delete them from the queue and count them.
+    Ack(Events),
+    /// Move them to the quarantine with this reason (a [`crate::quarantine::reason`]).
+    Quarantine {
+        events: Events,
+        reason: &'static str,
+        detail: String,
+        status: Option<u16>,
+        attempts: u32,
+    },
+    /// They expired before they could be sent (again): delete them as `expired` and name them.
+    DropExpired(Events),
+    /// Give them back to the queue, in place.
+    Release(Events),
+    /// Shutdown: the worker ends.
+    Stop,
+}
+
+/// Where the machine stands; the published [`DeliveryState`] is derived from it.
+#[derive(Clone, Debug)]
+enum Mode {
+    Idle,
+    Draining,
+    RetryWait {
+        attempt: u32,
+        deadline_ms: u64,
+        failure: Failure,
+    },
+    /// The budget is spent; the slow probe goes out at `probe_at_ms` (monotonic).
+    WaitingForUser {
+        attempts: u32,
+        failure: Failure,
+        probe_at_ms: u64,
+    },
+    Paused {
+        reason: PauseReason,
+        failure: Failure,
+    },
+    Offline,
+    Disabled,
+}
+
+/// A batch being delivered: its events, how many times this batch was sent (the quarantine
+/// records it; `X-Eventspool-Attempt` is derived from the events' own send counts, which outlive
+/// a batch), and the size of its last body before compression, for [`SizeLimit`].
+#[derive(Debug)]
+struct Batch {
+    events: Events,
+    attempts: u32,
+    body_bytes: u64,
+}
+
+impl Batch {
+    fn new(events: Events) -> Batch {
+        Batch {
+            events,
+            attempts: 0,
+            body_bytes: 0,
+        }
+    }
+}
+
+/// A lone event refused with 400/422 during a split, held until the split shows whether the
+/// collector refuses it or every request (see [`crate::split`]).
+#[derive(Debug)]
+struct Refused {
+    batch: Batch,
+    status: u16,
+    detail: String,
+}
+
+/// The question asked with [`Action::NextBatch`] / [`Action::ProbeBatch`], waiting for its
+/// [`Input::Batch`].
+#[derive(Debug)]
+enum Asked {
+    /// The drain needs its next batch.
+    Drain,
+    /// A lone event past `max_event_sends` got no answer; a probe batch goes first if there is
+    /// one, the event waits behind it (see [`Machine::isolate_unanswered`]).
+    Probe {
+        lone: Batch,
+        failure: Failure,
+        retry_after_ms: Option<u64>,
+        now_ms: u64,
+    },
+}
+
+#[derive(Debug)]
+pub struct Machine {
+    policy: Policy,
+    jitter: Jitter,
+    mode: Mode,
+    episode: Option<Episode>,
+    /// The batch in flight first; after a 400/413 split, its halves in order.
+    work: VecDeque<Batch>,
+    /// While `work` holds the pieces of a split: what the split has shown so far.
+    split: Option<Split<Refused>>,
+    /// The body size a proxy or the collector accepts, learned from 413s (life of the spool).
+    size_limit: SizeLimit,
+    next_periodic_ms: u64,
+    /// After `dismiss()`: the user said "back", so `flush_at` does not restart sending; the next
+    /// periodic flush or an explicit trigger does.
+    suppress_flush_at: bool,
+    /// The next failure answers a manual `retry_now()` from `WaitingForUser`.
+    manual_attempt: bool,
+    /// The request in flight is `WaitingForUser`'s automatic probe; holds the attempt count
+    /// the state keeps if it fails.
+    probing: Option<u32>,
+    /// Probes that failed since the budget was spent: the next one waits longer.
+    probes_failed: u32,
+    last_send_ms: Option<u64>,
+    /// A pause outlives going offline and back: only `resume()` or new credentials end it, so a
+    /// reconnect does not spend a request on an endpoint already known to refuse.
+    pause: Option<(PauseReason, Failure)>,
+    /// HTTP answers (any status) received so far: an isolation compares it with its mark.
+    answers: u64,
+    /// While events past `max_event_sends` are being isolated: `answers` when it began (or when
+    /// a probe was last scheduled). An answer since then shows the collector is alive, so an
+    /// event that alone still gets none is the cause.
+    isolation: Option<u64>,
+    /// The last request got no answer at all (timeout, connection dropped): effect unknown.
+    last_send_unanswered: bool,
+    /// The app's last word on connectivity: where the machine rests when nothing is sent.
+    online: bool,
+    asked: Option<Asked>,
+    out: Vec<Action>,
+}
+
+impl Machine {
+    /// A machine at `now_ms`, starting where the app's settings put it before the worker ran
+    /// (`control` is a peek: its edges are still to be fed).
+    pub fn new(policy: Policy, jitter: Jitter, now_ms: u64, control: &Control) -> Machine {
+        let mode = if !control.enabled {
+            Mode::Disabled
+        } else if !control.online {
+            Mode::Offline
+        } else {
+            Mode::Idle
+        };
+        Machine {
+            size_limit: SizeLimit::new(policy.max_batch_bytes),
+            next_periodic_ms: now_ms + policy.flush_interval_ms,
+            policy,
+            jitter,
+            mode,
+            episode: None,
+            work: VecDeque::new(),
+            split: None,
+            suppress_flush_at: false,
+            manual_attempt: false,
+            probing: None,
+            probes_failed: 0,
+            last_send_ms: None,
+            pause: None,
+            answers: 0,
+            isolation: None,
+            last_send_unanswered: false,
+            online: control.online,
+            asked: None,
+            out: Vec::new(),
+        }
+    }
+
+    /// Takes one input; returns what to do, in order.
+    pub fn feed(&mut self, input: Input) -> Vec<Action> {
+        match input {
+            Input::Control { verbs, now_ms } => self.control(&verbs, now_ms),
+            Input::Tick {
+                now_ms,
+                wall_ms,
+                pending,
+                flush_at,
+            } => self.tick(now_ms, wall_ms, pending, flush_at),
+            Input::Batch { events, wall_ms } => self.batch(events, wall_ms),
+            Input::Answer {
+                now_ms,
+                note,
+                outcome,
+                body_bytes,
+            } => self.answer(now_ms, note, outcome, body_bytes),
+        }
+        std::mem::take(&mut self.out)
+    }
+
+    /// The batch [`Action::Send`] sends.
+    pub fn in_flight(&self) -> &[(QueuedEvent, bool)] {
+        self.work.front().map_or(&[], |b| &b.events)
+    }
+
+    fn publish(&mut self, state: DeliveryState, deadline_ms: Option<u64>) {
+        self.out.push(Action::Publish { state, deadline_ms });
+    }
+
+    fn rest(&mut self, state: DeliveryState, until_ms: Option<u64>) {
+        self.publish(state, None);
+        self.out.push(Action::Wait { until_ms });
+    }
+
+    fn tick(&mut self, now: u64, wall_ms: i64, pending: u64, flush_at_reached: bool) {
+        match self.mode.clone() {
+            Mode::Disabled => self.rest(DeliveryState::Disabled, None),
+            Mode::Offline => self.rest(DeliveryState::Offline, None),
+            Mode::Paused { reason, failure } => self.rest(
+                DeliveryState::Paused {
+                    reason,
+                    last_error: failure,
+                },
+                None,
+            ),
+            Mode::WaitingForUser {
+                attempts,
+                failure,
+                probe_at_ms,
+            } => {
+                if now >= probe_at_ms {
+                    // One request behind the state the UI shows; see `transient`.
+                    self.probing = Some(attempts);
+                    self.mode = Mode::Draining;
+                    return;
+                }
+                let state = DeliveryState::WaitingForUser {
+                    attempts,
+                    last_error: failure,
+                    next_probe_at_ms: 0,
+                    probe_in_ms: 0,
+                };
+                self.publish(state, Some(probe_at_ms));
+                self.out.push(Action::Wait {
+                    until_ms: Some(probe_at_ms),
+                });
+            }
+            Mode::Idle => {
+                let flush_at = !self.suppress_flush_at && flush_at_reached;
+                if pending > 0 && (flush_at || now >= self.next_periodic_ms) {
+                    self.start_drain(now);
+                    return;
+                }
+                if now >= self.next_periodic_ms {
+                    self.next_periodic_ms = now + self.policy.flush_interval_ms;
+                }
+                let deadline = (pending > 0).then_some(self.next_periodic_ms);
+                self.rest(DeliveryState::Idle, deadline);
+            }
+            Mode::RetryWait {
+                attempt,
+                deadline_ms,
+                failure,
+            } => {
+                if now >= deadline_ms {
+                    self.mode = Mode::Draining;
+                    return;
+                }
+                let state = DeliveryState::RetryScheduled {
+                    attempt,
+                    max_attempts: self.policy.max_auto_attempts,
+                    next_retry_at_ms: 0,
+                    retry_in_ms: 0,
+                    last_error: failure,
+                };
+                self.publish(state, Some(deadline_ms));
+                // Wake on each whole second of the countdown, so observers see it tick.
+                let left = deadline_ms - now;
+                let tick = now
+                    + if left.is_multiple_of(1000) {
+                        1000
+                    } else {
+                        left % 1000
+                    };
+                self.out.push(Action::Wait {
+                    until_ms: Some(tick.min(deadline_ms)),
+                });
+            }
+            Mode::Draining => self.drain_step(now, wall_ms),
+        }
+    }
+
+    fn start_drain(&mut self, now: u64) {
+        self.mode = Mode::Draining;
+        self.suppress_flush_at = false;
+        self.out.push(Action::FlushAtSeen);
+        self.next_periodic_ms = now + self.policy.flush_interval_ms;
+    }
+
+    /// Turns the app's requests into mode changes (the arrows of docs/delivery.md §States).
+    fn control(&mut self, c: &Control, now: u64) {
+        if c.shutdown {
+            self.release_work();
+            self.out.push(Action::Stop);
+            return;
+        }
+        self.online = c.online;
+        if let Some((reason, _)) = &self.pause
+            && (c.resume || (c.api_key_changed && *reason == PauseReason::Auth))
+        {
+            self.pause = None;
+            if matches!(self.mode, Mode::Paused { .. }) {
+                self.start_drain(now);
+            }
+        }
+        if c.enabled_changed {
+            self.release_work();
+            self.fresh_episode();
+            self.mode = if c.enabled {
+                self.resting_mode()
+            } else {
+                Mode::Disabled
+            };
+        }
+        if matches!(self.mode, Mode::Disabled) {
+            return;
+        }
+        if c.online_changed {
+            self.release_work();
+            // A reconnect starts a fresh failure episode: the old budget was spent on a dead link.
+            self.fresh_episode();
+            if c.online && self.pause.is_none() {
+                self.start_drain(now);
+            } else {
+                self.mode = self.resting_mode();
+            }
+        }
+        if !c.online {
+            self.mode = Mode::Offline;
+            return;
+        }
+        if c.foreground_changed
+            && c.foreground
+            && matches!(
+                self.mode,
+                Mode::RetryWait { .. } | Mode::WaitingForUser { .. }
+            )
+        {
+            // Back in the foreground: the user is looking and the outage may be long over, so
+            // the budget starts again now, as after a reconnect.
+            self.fresh_episode();
+            self.mode = Mode::Draining;
+        }
+        match &self.mode {
+            Mode::RetryWait { .. } | Mode::WaitingForUser { .. } if c.dismiss => {
+                self.release_work();
+                self.fresh_episode();
+                self.suppress_flush_at = true;
+                self.next_periodic_ms = now + self.policy.flush_interval_ms;
+                self.mode = Mode::Idle;
+            }
+            Mode::RetryWait { .. } if c.retry_now => self.mode = Mode::Draining,
+            Mode::WaitingForUser { .. } if c.retry_now => {
+                self.manual_attempt = true;
+                self.mode = Mode::Draining;
+            }
+            Mode::Idle if c.retry_now || c.flush => self.start_drain(now),
+            _ => {}
+        }
+    }
+}
+
+impl Machine {
+    /// Forgets the failure episode: the next failure starts a new one with the whole budget.
+    fn fresh_episode(&mut self) {
+        self.episode = None;
+        self.manual_attempt = false;
+        self.probing = None;
+        self.probes_failed = 0;
+    }
+
+    /// Where the machine rests when nothing is being sent: offline, paused, or idle.
+    fn resting_mode(&self) -> Mode {
+        if !self.online {
+            Mode::Offline
+        } else if let Some((reason, failure)) = &self.pause {
+            Mode::Paused {
+                reason: *reason,
+                failure: failure.clone(),
+            }
+        } else {
+            Mode::Idle
+        }
+    }
+
+    /// The event JSON a new batch may carry: the learned size limit within `max_batch_bytes`,
+    /// less the envelope.
+    fn room_bytes(&self) -> u64 {
+        self.size_limit
+            .bytes()
+            .min(self.policy.max_batch_bytes)
+            .saturating_sub(BATCH_OVERHEAD_BYTES)
+    }
+
+    fn drain_step(&mut self, now: u64, wall_ms: i64) {
+        if let Some(last) = self.last_send_ms {
+            let ready_at = last + self.policy.min_batch_interval_ms;
+            if now < ready_at && self.policy.min_batch_interval_ms > 0 {
+                if self.probing.is_none() {
+                    self.publish(DeliveryState::Sending, None);
+                }
+                self.out.push(Action::Wait {
+                    until_ms: Some(ready_at),
+                });
+                return;
+            }
+        }
+        if self.work.is_empty() {
+            self.isolation = None;
+            self.asked = Some(Asked::Drain);
+            self.out.push(Action::NextBatch {
+                room_bytes: self.room_bytes(),
+            });
+            return;
+        }
+        self.send_front(wall_ms);
+    }
+
+    fn batch(&mut self, events: Option<Events>, wall_ms: i64) {
+        match (self.asked.take(), events) {
+            (Some(Asked::Drain), Some(events)) => {
+                self.work.push_back(Batch::new(events));
+                self.send_front(wall_ms);
+            }
+            (Some(Asked::Drain), None) => {
+                self.mode = Mode::Idle;
+                self.out.push(Action::FlushAtSeen);
+            }
+            (
+                Some(Asked::Probe {
+                    lone,
+                    failure,
+                    now_ms,
+                    ..
+                }),
+                Some(probe),
+            ) => {
+                self.work.push_back(Batch::new(probe));
+                self.work.push_back(lone);
+                self.transient(failure, None, now_ms);
+            }
+            (
+                Some(Asked::Probe {
+                    lone,
+                    failure,
+                    retry_after_ms,
+                    now_ms,
+                }),
+                None,
+            ) => {
+                self.work.push_front(lone);
+                self.transient(failure, retry_after_ms, now_ms);
+            }
+            // Nothing was asked: whatever came is not ours to send.
+            (None, Some(events)) => self.out.push(Action::Release(events)),
+            (None, None) => {}
+        }
+    }
+
+    /// Sends the front batch, once the age limit has taken out what expired while it waited.
+    fn send_front(&mut self, wall_ms: i64) {
+        if !self.drop_expired_from_front(wall_ms) {
+            return;
+        }
+        if self.probing.is_none() {
+            // A probe runs behind `WaitingForUser`: the UI keeps showing that state.
+            self.publish(DeliveryState::Sending, None);
+        }
+        let Some(batch) = self.work.front_mut() else {
+            return;
+        };
+        batch.attempts += 1;
+        // Sends of any of its events before this one, plus one: a collector tells a resend from a
+        // first send whatever happened in between (reconnect, dismiss, restart, a split).
+        let attempt = batch.events.iter().map(|(e, _)| e.sends).max().unwrap_or(0) + 1;
+        // Counted before the request goes out, so a crash while it is in flight counts too.
+        for (event, _) in &mut batch.events {
+            SendNote::Sending.apply(event);
+        }
+        self.out.push(Action::Send { attempt, wall_ms });
+    }
+
+    /// The age limit holds before every send, retries included: events of the front batch that
+    /// expired while it waited (retry, `WaitingForUser`) leave as `expired`, never sent. Returns
+    /// whether anything is left to send.
+    fn drop_expired_from_front(&mut self, wall_ms: i64) -> bool {
+        let cutoff = wall_ms.saturating_sub(self.policy.max_event_age_ms as i64);
+        let Some(batch) = self.work.front_mut() else {
+            return false;
+        };
+        if batch.events.iter().all(|(e, _)| e.accepted_ms >= cutoff) {
+            return true;
+        }
+        let (expired, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut batch.events)
+            .into_iter()
+            .partition(|(e, _)| e.accepted_ms < cutoff);
+        batch.events = keep;
+        let left = !batch.events.is_empty();
+        if !left {
+            self.work.pop_front();
+        }
+        self.out.push(Action::DropExpired(expired));
+        left
+    }
+
+    fn answer(&mut self, now: u64, note: Option<SendNote>, outcome: Outcome, body_bytes: u64) {
+        let Some(batch) = self.work.front_mut() else {
+            return;
+        };
+        batch.body_bytes = body_bytes;
+        self.last_send_ms = Some(now);
+        self.last_send_unanswered = note.is_none();
+        self.answers += u64::from(note == Some(SendNote::Answered));
+        // Events that leave the queue now need no bookkeeping; the others keep what we learned.
+        if let Some(note) = note
+            && !matches!(outcome, Outcome::Delivered | Outcome::Partial { .. })
+        {
+            for (event, _) in &mut batch.events {
+                note.apply(event);
+            }
+            let events = batch.events.clone();
+            self.out.push(Action::NoteSends { events, note });
+        }
+        self.handle(outcome, now);
+    }
+
+    fn handle(&mut self, outcome: Outcome, now: u64) {
+        let Some(batch) = self.work.pop_front() else {
+            return;
+        };
+        if !matches!(outcome, Outcome::Transient { .. }) && self.probing.take().is_some() {
+            // The collector answered the probe: whatever comes next is a new episode.
+            self.fresh_episode();
+        }
+        if matches!(outcome, Outcome::Delivered | Outcome::Partial { .. }) {
+            self.size_limit.accepted(batch.body_bytes);
+        }
+        if matches!(outcome, Outcome::Delivered | Outcome::Partial { .. })
+            && let Some(split) = &mut self.split
+        {
+            for held in split.accepted() {
+                self.quarantine_batch(held.batch, reason::BAD_REQUEST, held.detail, held.status);
+            }
+        }
+        match outcome {
+            Outcome::Delivered => self.delivered(batch.events),
+            Outcome::Partial { rejected } => {
+                let status = Some(200);
+                let mut good = Vec::new();
+                for (event, from_store) in batch.events {
+                    let id = event.id.to_string();
+                    let Some(rejection) = rejected.iter().find(|r| r.event_id == id) else {
+                        good.push((event, from_store));
+                        continue;
+                    };
+                    let why = rejection.reason.clone();
+                    self.quarantine(
+                        vec![(event, from_store)],
+                        reason::REJECTED,
+                        why,
+                        status,
+                        batch.attempts,
+                    );
+                }
+                self.delivered(good);
+            }
+            Outcome::Poisoned {
+                status,
+                too_large,
+                detail,
+            } => {
+                if batch.events.len() > 1 {
+                    let n = batch.events.len();
+                    self.split.get_or_insert_with(|| Split::new(n));
+                    if too_large {
+                        self.size_limit.refused(batch.body_bytes);
+                    }
+                    self.resend_in_halves(batch);
+                } else if too_large {
+                    self.size_limit.refused(batch.body_bytes);
+                    self.quarantine_batch(batch, reason::TOO_LARGE, detail, status);
+                } else {
+                    self.lone_refusal(batch, status, detail);
+                }
+            }
+            Outcome::CutShort { failure } => {
+                if batch.events.len() > 1 {
+                    self.resend_in_halves(batch);
+                } else {
+                    self.work.push_front(batch);
+                    self.transient(failure, None, now);
+                }
+            }
+            Outcome::Transient {
+                failure,
+                retry_after_ms,
+            } => {
+                if let Some(batch) = self.isolate_unanswered(batch, &failure, retry_after_ms, now) {
+                    self.work.push_front(batch);
+                    self.transient(failure, retry_after_ms, now);
+                }
+            }
+            Outcome::Auth { failure } => self.pause(batch, PauseReason::Auth, failure),
+            Outcome::Config { failure } => self.pause(batch, PauseReason::Config, failure),
+        }
+        // A probe batch asked for has the lone event waiting behind it: the split goes on.
+        if self.work.is_empty()
+            && self.asked.is_none()
+            && let Some(split) = self.split.take()
+        {
+            for held in split.finish() {
+                self.quarantine_batch(held.batch, reason::BAD_REQUEST, held.detail, held.status);
+            }
+        }
+    }
+
+    /// A lone event refused with 400/422: quarantined, unless the split it came from has had
+    /// no request accepted, which may mean the collector (or a proxy) refuses the request.
+    fn lone_refusal(&mut self, batch: Batch, status: u16, detail: String) {
+        let refused = Refused {
+            batch,
+            status,
+            detail,
+        };
+        let verdict = match &mut self.split {
+            Some(split) => split.lone_refusal(refused),
+            None => LoneRefusal::Quarantine(refused),
+        };
+        match verdict {
+            LoneRefusal::Quarantine(r) => {
+                self.quarantine_batch(r.batch, reason::BAD_REQUEST, r.detail, r.status)
+            }
+            LoneRefusal::Held => {}
+            LoneRefusal::RequestRefused(all) => {
+                let events = self.split.as_ref().map_or(0, Split::events);
+                let failure = Failure {
+                    status: Some(status),
+                    message: format!(
+                        "the request is refused, not its events: a batch of {events} split to \
+                         single events, none accepted; nothing quarantined (collector: {})",
+                        all.last().map_or(String::new(), |r| {
+                            crate::classify::status_text(status, r.detail.as_bytes())
+                        })
+                    ),
+                };
+                for r in all.into_iter().rev() {
+                    self.work.push_front(r.batch);
+                }
+                let front = self.work.pop_front();
+                if let Some(front) = front {
+                    self.pause(front, PauseReason::Config, failure);
+                }
+            }
+        }
+    }
+
+    /// Puts the two halves of a batch at the front of the work, in order, each as a new batch:
+    /// the one bisection step of a 400/413, a cut-short answer and `max_sends` isolation.
+    fn resend_in_halves(&mut self, batch: Batch) {
+        let mut left = batch.events;
+        let right = left.split_off(left.len() / 2);
+        self.work.push_front(Batch::new(right));
+        self.work.push_front(Batch::new(left));
+    }
+
+    fn quarantine_batch(&mut self, batch: Batch, why: &'static str, detail: String, status: u16) {
+        self.quarantine(batch.events, why, detail, Some(status), batch.attempts);
+    }
+
+    /// `max_event_sends` (docs/delivery.md §Retry): a request that got no answer, carrying an event
+    /// that has now gone unanswered that many times, is bisected like a 400 (no backoff) until the
+    /// event is alone. Alone and still unanswered, it is quarantined as `max_sends` when the
+    /// collector answered some other request since the isolation began; otherwise the collector may
+    /// just be down, so the next batch goes first as a probe (after the usual backoff) and the
+    /// event waits behind it. Returns the batch when its failure is an ordinary transient one.
+    fn isolate_unanswered(
+        &mut self,
+        batch: Batch,
+        failure: &Failure,
+        retry_after_ms: Option<u64>,
+        now: u64,
+    ) -> Option<Batch> {
+        let limit = self.policy.max_event_sends;
+        if !self.last_send_unanswered || !batch.events.iter().any(|(e, _)| e.unanswered >= limit) {
+            return Some(batch);
+        }
+        if batch.events.len() > 1 {
+            self.isolation.get_or_insert(self.answers);
+            self.resend_in_halves(batch);
+            return None;
+        }
+        if self.isolation.is_some_and(|mark| self.answers > mark) {
+            let sends = batch.events.first().map_or(0, |(e, _)| e.unanswered);
+            let detail = format!("no answer to {sends} requests carrying it; last: {failure}");
+            self.quarantine(
+                batch.events,
+                reason::MAX_SENDS,
+                detail,
+                None,
+                batch.attempts,
+            );
+            return None;
+        }
+        self.isolation = Some(self.answers);
+        if self.work.is_empty() {
+            // The rest follows in `batch` once the queue has answered.
+            self.asked = Some(Asked::Probe {
+                lone: batch,
+                failure: failure.clone(),
+                retry_after_ms,
+                now_ms: now,
+            });
+            self.out.push(Action::ProbeBatch {
+                room_bytes: self.room_bytes(),
+            });
+            return None;
+        }
+        self.work.insert(1, batch);
+        self.transient(failure.clone(), None, now);
+        None
+    }
+
+    fn delivered(&mut self, events: Events) {
+        if events.is_empty() {
+            return;
+        }
+        self.out.push(Action::Ack(events));
+        self.fresh_episode();
+    }
+
+    fn quarantine(
+        &mut self,
+        events: Events,
+        why: &'static str,
+        detail: String,
+        status: Option<u16>,
+        attempts: u32,
+    ) {
+        self.out.push(Action::Quarantine {
+            events,
+            reason: why,
+            detail,
+            status,
+            attempts,
+        });
+    }
+
+    fn transient(&mut self, failure: Failure, retry_after_ms: Option<u64>, now: u64) {
+        if let Some(attempts) = self.probing.take() {
+            // A failed probe keeps the state; only the time of the next one moves, further out.
+            self.probes_failed += 1;
+            tracing::info!(error = %failure, probes = self.probes_failed, "delivery probe failed");
+            self.mode = self.waiting_for_user(attempts, failure, now);
+            return;
+        }
+        let p = &self.policy;
+        let episode = self.episode.get_or_insert(Episode {
+            started_ms: now,
+            failures: 0,
+        });
+        episode.failures += 1;
+        let next_attempt = episode.failures;
+        let delay = next_delay_ms(
+            next_attempt,
+            p.backoff_base_ms,
+            p.backoff_cap_ms,
+            retry_after_ms,
+            p.retry_after_cap_ms,
+            self.jitter.unit(),
+        );
+        let manual = std::mem::take(&mut self.manual_attempt);
+        tracing::info!(error = %failure, failures = episode.failures, "delivery attempt failed");
+        let verdict = after_failure(
+            episode,
+            now,
+            manual,
+            p.max_auto_attempts,
+            p.max_retry_elapsed_ms,
+            delay,
+        );
+        self.mode = match verdict {
+            AfterFailure::Retry { attempt, delay_ms } => {
+                // Announced here, not only by the countdown turn: a zero delay must still show
+                // "attempt k of n" to the user.
+                let state = DeliveryState::RetryScheduled {
+                    attempt,
+                    max_attempts: self.policy.max_auto_attempts,
+                    next_retry_at_ms: 0,
+                    retry_in_ms: 0,
+                    last_error: failure.clone(),
+                };
+                self.publish(state, Some(now + delay_ms));
+                Mode::RetryWait {
+                    attempt,
+                    deadline_ms: now + delay_ms,
+                    failure,
+                }
+            }
+            AfterFailure::WaitForUser { attempts } => self.waiting_for_user(attempts, failure, now),
+        };
+    }
+
+    /// `WaitingForUser`, with the next slow probe scheduled (docs/delivery.md §Slow probe).
+    fn waiting_for_user(&mut self, attempts: u32, failure: Failure, now: u64) -> Mode {
+        let delay = probe_delay_ms(
+            self.probes_failed + 1,
+            self.policy.probe_base_ms,
+            self.policy.probe_cap_ms,
+            self.jitter.unit(),
+        );
+        Mode::WaitingForUser {
+            attempts,
+            failure,
+            probe_at_ms: now + delay,
+        }
+    }
+
+    fn pause(&mut self, batch: Batch, reason: PauseReason, failure: Failure) {
+        tracing::warn!(error = %failure, reason = reason.as_str(), "delivery paused");
+        self.work.push_front(batch);
+        self.release_work();
+        self.pause = Some((reason, failure.clone()));
+        self.mode = Mode::Paused { reason, failure };
+    }
+
+    /// Gives the events of unfinished batches (and of a split's held events) back to the queue,
+    /// in place.
+    fn release_work(&mut self) {
+        let held = self.split.take().map(Split::abandon).unwrap_or_default();
+        let asked = match self.asked.take() {
+            Some(Asked::Probe { lone, .. }) => Some(lone),
+            _ => None,
+        };
+        let events: Events = held
+            .into_iter()
+            .map(|r| r.batch)
+            .chain(self.work.drain(..))
+            .chain(asked)
+            .flat_map(|b| b.events)
+            .collect();
+        if !events.is_empty() {
+            self.out.push(Action::Release(events));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

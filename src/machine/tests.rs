@@ -1,0 +1,1109 @@
+//! The transitions as tables: each row is (start, input, actions, next state), where the start
+//! is a list of inputs fed to a fresh machine, and actions and state are written the way
+//! docs/delivery.md and README's state table name them. Times are relative to the row's input:
+//! `+1000` is a second after it. No runtime, no sockets, no threads: the inputs are the answers a
+//! driver would give, the HTTP answers go through the real [`crate::classify::classify`].
+
+use super::*;
+use crate::classify::classify;
+use crate::event::EventId;
+use std::time::{Duration, SystemTime};
+
+const NOW0: u64 = 1_000_000;
+const WALL0: i64 = 1_800_000_000_000;
+/// What [`Rig`] says each event adds to a body, for the size limit a 413 teaches.
+const EVENT_BODY: u64 = 100;
+
+fn policy() -> Policy {
+    Policy {
+        flush_interval_ms: 10_000,
+        min_batch_interval_ms: 0,
+        max_batch_bytes: 512 * 1024,
+        max_auto_attempts: 3,
+        backoff_base_ms: 1000,
+        backoff_cap_ms: 30_000,
+        retry_after_cap_ms: 60_000,
+        max_retry_elapsed_ms: 300_000,
+        probe_base_ms: 60_000,
+        probe_cap_ms: 900_000,
+        max_event_sends: 10,
+        max_event_age_ms: 3_600_000,
+    }
+}
+
+/// One input of a row, as the app, the clock, the queue or the collector gives it.
+#[derive(Clone, Debug)]
+enum In {
+    // The app's verbs.
+    Flush,
+    RetryNow,
+    Dismiss,
+    Resume,
+    NewKey,
+    Online(bool),
+    Enabled(bool),
+    Foreground(bool),
+    Shutdown,
+    // The driver's turn: 3 events pending; `flush_at` reached; nothing pending; `ms` later.
+    Tick,
+    TickFlushAt,
+    TickEmpty,
+    TickAfter(u64),
+    /// A turn at the retry or probe time the machine set.
+    Fire,
+    // The queue's answer: a batch of n events, or nothing.
+    Batch(usize),
+    Empty,
+    // The collector's answer: an HTTP status; with `Retry-After` (seconds); a 2xx refusing
+    // the event at this index of the batch; a 2xx cut short; a timeout; a refused connection.
+    Status(u16),
+    RetryAfter(u16, u64),
+    Rejected(usize),
+    CutShort,
+    Timeout,
+    Refused,
+}
+
+use In::*;
+
+/// A machine, the app's control cell, and the clocks, as the worker holds them.
+struct Rig {
+    m: Machine,
+    app: Control,
+    now: u64,
+    next_seq: u64,
+}
+
+impl Rig {
+    fn new(policy: Policy) -> Rig {
+        let app = Control::default();
+        Rig {
+            m: Machine::new(policy, Jitter::Fixed(1.0), NOW0, &app),
+            app,
+            now: NOW0,
+            next_seq: 1,
+        }
+    }
+
+    fn wall(&self) -> i64 {
+        WALL0 + (self.now - NOW0) as i64
+    }
+
+    /// Sets the app's control cell like the spool's verbs do, then takes it like
+    /// `Shared::take_control`: the edges are seen once.
+    fn verb(&mut self, f: impl FnOnce(&mut Control)) -> Vec<Action> {
+        f(&mut self.app);
+        let verbs = self.app.clone();
+        let app = &mut self.app;
+        app.online_changed = false;
+        app.enabled_changed = false;
+        app.flush = false;
+        app.retry_now = false;
+        app.dismiss = false;
+        app.resume = false;
+        app.api_key_changed = false;
+        app.foreground_changed = false;
+        app.shutdown = false;
+        self.m.feed(Input::Control {
+            verbs,
+            now_ms: self.now,
+        })
+    }
+
+    fn tick(&mut self, pending: u64, flush_at: bool) -> Vec<Action> {
+        self.m.feed(Input::Tick {
+            now_ms: self.now,
+            wall_ms: self.wall(),
+            pending,
+            flush_at,
+        })
+    }
+
+    fn events(&mut self, n: usize) -> Events {
+        (0..n)
+            .map(|_| {
+                let seq = self.next_seq;
+                self.next_seq += 1;
+                let event = QueuedEvent {
+                    ts_ms: WALL0,
+                    seq,
+                    id: EventId::new(),
+                    json: format!("{{\"n\":{seq}}}").into(),
+                    accepted_ms: WALL0,
+                    sends: 0,
+                    unanswered: 0,
+                };
+                (event, seq.is_multiple_of(2))
+            })
+            .collect()
+    }
+
+    fn answer(&mut self, result: Result<HttpResponse, TransportError>) -> Vec<Action> {
+        let body_bytes = EVENT_BODY * self.m.in_flight().len() as u64;
+        let now = SystemTime::UNIX_EPOCH + Duration::from_millis(self.wall() as u64);
+        self.m.feed(Input::Answer {
+            now_ms: self.now,
+            note: send_note(&result),
+            outcome: classify(&result, now),
+            body_bytes,
+        })
+    }
+
+    fn http(status: u16, headers: &[(&str, &str)], body: &str) -> HttpResponse {
+        HttpResponse {
+            status,
+            headers: headers
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            body: body.as_bytes().to_vec(),
+            truncated: false,
+        }
+    }
+
+    fn input(&mut self, input: &In) -> Vec<Action> {
+        match input {
+            Flush => self.verb(|c| c.flush = true),
+            RetryNow => self.verb(|c| c.retry_now = true),
+            Dismiss => self.verb(|c| c.dismiss = true),
+            Resume => self.verb(|c| c.resume = true),
+            NewKey => self.verb(|c| c.api_key_changed = true),
+            Online(on) => self.verb(|c| {
+                c.online_changed = c.online != *on;
+                c.online = *on;
+            }),
+            Enabled(on) => self.verb(|c| {
+                c.enabled_changed = c.enabled != *on;
+                c.enabled = *on;
+            }),
+            Foreground(on) => self.verb(|c| {
+                c.foreground_changed = c.foreground != *on;
+                c.foreground = *on;
+            }),
+            Shutdown => self.verb(|c| c.shutdown = true),
+            Tick => self.tick(3, false),
+            TickFlushAt => self.tick(3, true),
+            TickEmpty => self.tick(0, false),
+            TickAfter(ms) => {
+                self.now += ms;
+                self.tick(3, false)
+            }
+            Fire => {
+                match self.m.mode {
+                    Mode::RetryWait { deadline_ms, .. } => self.now = deadline_ms,
+                    Mode::WaitingForUser { probe_at_ms, .. } => self.now = probe_at_ms,
+                    ref other => panic!("nothing to fire in {other:?}"),
+                }
+                self.tick(3, false)
+            }
+            Batch(n) => {
+                let events = Some(self.events(*n));
+                let wall_ms = self.wall();
+                self.m.feed(Input::Batch { events, wall_ms })
+            }
+            Empty => {
+                let wall_ms = self.wall();
+                self.m.feed(Input::Batch {
+                    events: None,
+                    wall_ms,
+                })
+            }
+            Status(status) => self.answer(Ok(Rig::http(*status, &[], ""))),
+            RetryAfter(status, seconds) => {
+                let seconds = seconds.to_string();
+                self.answer(Ok(Rig::http(*status, &[("Retry-After", &seconds)], "")))
+            }
+            Rejected(index) => {
+                let id = self.m.in_flight()[*index].0.id.to_string();
+                let body = format!(r#"{{"rejected":[{{"event_id":"{id}","reason":"bad"}}]}}"#);
+                self.answer(Ok(Rig::http(200, &[], &body)))
+            }
+            CutShort => {
+                let mut response = Rig::http(200, &[], "{\"rej");
+                response.truncated = true;
+                self.answer(Ok(response))
+            }
+            Timeout => self.answer(Err(TransportError::Timeout)),
+            Refused => self.answer(Err(TransportError::Connect("refused".into()))),
+        }
+    }
+
+    /// An action as a row writes it; times relative to `self.now`.
+    fn show(&self, action: &Action) -> String {
+        let rel = |t: u64| format!("+{}", t as i64 - self.now as i64);
+        match action {
+            Action::Publish { state, deadline_ms } => {
+                let detail = match state {
+                    DeliveryState::RetryScheduled {
+                        attempt,
+                        max_attempts,
+                        ..
+                    } => format!(" {attempt}/{max_attempts}"),
+                    DeliveryState::WaitingForUser { attempts, .. } => format!(" {attempts}"),
+                    DeliveryState::Paused { reason, .. } => format!(" {}", reason.as_str()),
+                    _ => String::new(),
+                };
+                let at = deadline_ms.map_or(String::new(), |t| format!(" {}", rel(t)));
+                format!("publish {}{detail}{at}", state.name())
+            }
+            Action::Wait { until_ms: None } => "wait".into(),
+            Action::Wait { until_ms: Some(t) } => format!("wait {}", rel(*t)),
+            Action::FlushAtSeen => "flush_at seen".into(),
+            Action::NextBatch { room_bytes } => format!("next batch <={room_bytes}"),
+            Action::ProbeBatch { room_bytes } => format!("probe batch <={room_bytes}"),
+            Action::Send { attempt, .. } => {
+                format!("send {} #{attempt}", self.m.in_flight().len())
+            }
+            Action::NoteSends { events, note } => {
+                let note = match note {
+                    SendNote::Sending => "sending",
+                    SendNote::Answered => "answered",
+                    SendNote::NotSent => "not_sent",
+                };
+                format!("note {note} {}", events.len())
+            }
+            Action::Ack(events) => format!("ack {}", events.len()),
+            Action::Quarantine { events, reason, .. } => {
+                format!("quarantine {reason} {}", events.len())
+            }
+            Action::DropExpired(events) => format!("drop expired {}", events.len()),
+            Action::Release(events) => format!("release {}", events.len()),
+            Action::Stop => "stop".into(),
+        }
+    }
+
+    /// The machine's state as the state table names it.
+    fn state(&self) -> String {
+        let rel = |t: u64| format!("+{}", t as i64 - self.now as i64);
+        match &self.m.mode {
+            Mode::Idle => "idle".into(),
+            Mode::Draining if self.m.probing.is_some() => "probing".into(),
+            Mode::Draining => "sending".into(),
+            Mode::RetryWait {
+                attempt,
+                deadline_ms,
+                ..
+            } => format!("retry_scheduled {attempt} {}", rel(*deadline_ms)),
+            Mode::WaitingForUser {
+                attempts,
+                probe_at_ms,
+                ..
+            } => format!("waiting_for_user {attempts} {}", rel(*probe_at_ms)),
+            Mode::Paused { reason, .. } => format!("paused {}", reason.as_str()),
+            Mode::Offline => "offline".into(),
+            Mode::Disabled => "disabled".into(),
+        }
+    }
+}
+
+struct Row {
+    start: Vec<In>,
+    input: In,
+    actions: &'static [&'static str],
+    to: &'static str,
+}
+
+fn row(start: Vec<In>, input: In, actions: &'static [&'static str], to: &'static str) -> Row {
+    Row {
+        start,
+        input,
+        actions,
+        to,
+    }
+}
+
+/// The one loop every table runs: each row from a fresh machine. Returns the rows driven.
+fn drive(policy: Policy, rows: &[Row]) -> usize {
+    for (i, r) in rows.iter().enumerate() {
+        let mut rig = Rig::new(policy.clone());
+        for step in &r.start {
+            rig.input(step);
+        }
+        let from = rig.state();
+        let out = rig.input(&r.input);
+        let actions: Vec<String> = out.iter().map(|a| rig.show(a)).collect();
+        let to = rig.state();
+        let context = format!("row {i}: from {from} ({:?}), {:?}", r.start, r.input);
+        assert_eq!(actions, r.actions, "actions of {context}");
+        assert_eq!(to, r.to, "next state of {context}");
+    }
+    rows.len()
+}
+
+// Start states, as what brings a fresh machine there.
+fn idle() -> Vec<In> {
+    vec![]
+}
+fn then(mut start: Vec<In>, more: &[In]) -> Vec<In> {
+    start.extend_from_slice(more);
+    start
+}
+/// A drain started, the queue not asked yet.
+fn draining() -> Vec<In> {
+    vec![Flush]
+}
+/// A drain that asked the queue for its batch.
+fn asked() -> Vec<In> {
+    vec![Flush, Tick]
+}
+/// A batch of `n` in flight.
+fn sending(n: usize) -> Vec<In> {
+    vec![Flush, Tick, Batch(n)]
+}
+/// Retry `k` of 3 scheduled, the batch of 3 waiting.
+fn retry(k: usize) -> Vec<In> {
+    let mut steps = then(sending(3), &[Status(503)]);
+    for _ in 1..k {
+        steps.extend_from_slice(&[Fire, Tick, Status(503)]);
+    }
+    steps
+}
+/// Retry `k` sent and in flight.
+fn retrying(k: usize) -> Vec<In> {
+    then(retry(k), &[Fire, Tick])
+}
+/// The budget of 3 retries spent: `WaitingForUser{3}`, the first probe a minute out.
+fn waiting() -> Vec<In> {
+    then(retrying(3), &[Status(503)])
+}
+/// The slow probe in flight behind `WaitingForUser`.
+fn probing() -> Vec<In> {
+    then(waiting(), &[Fire, Tick])
+}
+fn paused_auth() -> Vec<In> {
+    then(sending(3), &[Status(401)])
+}
+fn paused_config() -> Vec<In> {
+    then(sending(3), &[Status(404)])
+}
+fn offline() -> Vec<In> {
+    vec![Online(false)]
+}
+fn disabled() -> Vec<In> {
+    vec![Enabled(false)]
+}
+
+/// docs/delivery.md §States and README's "Delivery states" table, arrow by arrow.
+#[test]
+fn the_state_table_row_by_row() {
+    let rows = [
+        // Idle ──flush trigger──▶ Sending
+        row(idle(), Flush, &["flush_at seen"], "sending"),
+        row(idle(), RetryNow, &["flush_at seen"], "sending"),
+        row(idle(), TickFlushAt, &["flush_at seen"], "sending"),
+        row(idle(), TickAfter(10_000), &["flush_at seen"], "sending"),
+        row(idle(), Tick, &["publish idle", "wait +10000"], "idle"),
+        row(idle(), TickEmpty, &["publish idle", "wait"], "idle"),
+        row(idle(), Dismiss, &[], "idle"),
+        row(idle(), Resume, &[], "idle"),
+        // A batch nobody asked for is not sent: it goes back.
+        row(idle(), Batch(2), &["release 2"], "idle"),
+        // Sending: take a batch, send it, ok ──▶ Idle once the queue is empty.
+        row(draining(), Tick, &["next batch <=524224"], "sending"),
+        row(asked(), Empty, &["flush_at seen"], "idle"),
+        row(
+            asked(),
+            Batch(3),
+            &["publish sending", "send 3 #1"],
+            "sending",
+        ),
+        row(sending(3), Status(200), &["ack 3"], "sending"),
+        row(
+            then(sending(3), &[Status(200)]),
+            Tick,
+            &["next batch <=524224"],
+            "sending",
+        ),
+        // Sending ── transient ──▶ RetryScheduled{1 of 3}
+        row(
+            sending(3),
+            Status(503),
+            &["note answered 3", "publish retry_scheduled 1/3 +1000"],
+            "retry_scheduled 1 +1000",
+        ),
+        // RetryScheduled: the countdown ticks each second; timer / retry_now() ──▶ Sending.
+        row(
+            retry(1),
+            Tick,
+            &["publish retry_scheduled 1/3 +1000", "wait +1000"],
+            "retry_scheduled 1 +1000",
+        ),
+        row(
+            retry(2),
+            TickAfter(500),
+            &["publish retry_scheduled 2/3 +1500", "wait +500"],
+            "retry_scheduled 2 +1500",
+        ),
+        row(retry(1), Fire, &[], "sending"),
+        row(
+            then(retry(1), &[Fire]),
+            Tick,
+            &["publish sending", "send 3 #2"],
+            "sending",
+        ),
+        row(retry(1), RetryNow, &[], "sending"),
+        row(retry(1), Flush, &[], "retry_scheduled 1 +1000"),
+        // RetryScheduled ── set_foreground(true) (fresh episode) ──▶ Sending
+        row(
+            then(retry(2), &[Foreground(false)]),
+            Foreground(true),
+            &[],
+            "sending",
+        ),
+        row(
+            then(retry(2), &[Foreground(false), Foreground(true), Tick]),
+            Status(503),
+            &["note answered 3", "publish retry_scheduled 1/3 +1000"],
+            "retry_scheduled 1 +1000",
+        ),
+        // RetryScheduled ── dismiss() ──▶ Idle, events kept; flush_at suppressed.
+        row(retry(1), Dismiss, &["release 3"], "idle"),
+        row(
+            then(retry(1), &[Dismiss]),
+            TickFlushAt,
+            &["publish idle", "wait +10000"],
+            "idle",
+        ),
+        row(
+            then(retry(1), &[Dismiss]),
+            Flush,
+            &["flush_at seen"],
+            "sending",
+        ),
+        row(
+            then(retry(1), &[Dismiss]),
+            TickAfter(10_000),
+            &["flush_at seen"],
+            "sending",
+        ),
+        // RetryScheduled ── budget spent ──▶ WaitingForUser{attempts}
+        row(
+            retrying(3),
+            Status(503),
+            &["note answered 3"],
+            "waiting_for_user 3 +60000",
+        ),
+        // WaitingForUser: shows the probe time; retry_now() ──▶ Sending (one manual attempt).
+        row(
+            waiting(),
+            Tick,
+            &["publish waiting_for_user 3 +60000", "wait +60000"],
+            "waiting_for_user 3 +60000",
+        ),
+        row(waiting(), RetryNow, &[], "sending"),
+        row(
+            then(waiting(), &[RetryNow, Tick]),
+            Status(503),
+            &["note answered 3"],
+            "waiting_for_user 4 +60000",
+        ),
+        // WaitingForUser ── set_foreground(true), reconnect ──▶ Sending (fresh episode)
+        row(
+            then(waiting(), &[Foreground(false)]),
+            Foreground(true),
+            &[],
+            "sending",
+        ),
+        row(
+            then(waiting(), &[Online(false)]),
+            Online(true),
+            &["flush_at seen"],
+            "sending",
+        ),
+        row(waiting(), Online(false), &["release 3"], "offline"),
+        // WaitingForUser ── dismiss() ──▶ Idle, events kept
+        row(waiting(), Dismiss, &["release 3"], "idle"),
+        // Sending ── 401/403 ──▶ Paused{auth}; other 4xx/3xx ──▶ Paused{config}
+        row(
+            sending(3),
+            Status(401),
+            &["note answered 3", "release 3"],
+            "paused auth",
+        ),
+        row(
+            sending(3),
+            Status(403),
+            &["note answered 3", "release 3"],
+            "paused auth",
+        ),
+        row(
+            sending(3),
+            Status(404),
+            &["note answered 3", "release 3"],
+            "paused config",
+        ),
+        row(
+            sending(3),
+            Status(302),
+            &["note answered 3", "release 3"],
+            "paused config",
+        ),
+        // Paused ── resume(), or set_api_key() for auth ──▶ Sending
+        row(
+            paused_auth(),
+            Tick,
+            &["publish paused auth", "wait"],
+            "paused auth",
+        ),
+        row(paused_auth(), Resume, &["flush_at seen"], "sending"),
+        row(paused_auth(), NewKey, &["flush_at seen"], "sending"),
+        row(paused_auth(), Flush, &[], "paused auth"),
+        row(paused_config(), NewKey, &[], "paused config"),
+        row(paused_config(), Resume, &["flush_at seen"], "sending"),
+        // Offline: no attempts; set_online(true) ──▶ Sending, unless paused.
+        row(idle(), Online(false), &[], "offline"),
+        row(offline(), Tick, &["publish offline", "wait"], "offline"),
+        row(offline(), Flush, &[], "offline"),
+        row(offline(), Online(true), &["flush_at seen"], "sending"),
+        row(sending(3), Online(false), &["release 3"], "offline"),
+        row(
+            then(paused_auth(), &[Online(false)]),
+            Online(true),
+            &[],
+            "paused auth",
+        ),
+        // Disabled ── set_enabled(true) ──▶ Idle (Offline or Paused if that is where it was)
+        row(idle(), Enabled(false), &[], "disabled"),
+        row(sending(3), Enabled(false), &["release 3"], "disabled"),
+        row(disabled(), Tick, &["publish disabled", "wait"], "disabled"),
+        row(disabled(), Flush, &[], "disabled"),
+        row(disabled(), Online(false), &[], "disabled"),
+        row(disabled(), Enabled(true), &[], "idle"),
+        row(
+            then(offline(), &[Enabled(false)]),
+            Enabled(true),
+            &[],
+            "offline",
+        ),
+        row(
+            then(paused_auth(), &[Enabled(false)]),
+            Enabled(true),
+            &[],
+            "paused auth",
+        ),
+        // Shutdown gives the batch in flight back.
+        row(sending(3), Shutdown, &["release 3", "stop"], "sending"),
+        row(
+            retry(1),
+            Shutdown,
+            &["release 3", "stop"],
+            "retry_scheduled 1 +1000",
+        ),
+    ];
+    assert_eq!(drive(policy(), &rows), 61);
+}
+
+/// docs/delivery.md §Retry: the per-episode budgets and what starts a fresh episode.
+#[test]
+fn budgets() {
+    let rows = [
+        // max_auto_attempts (3): retries 1, 2, 3 with doubling ceilings, then the hand-over.
+        row(
+            retrying(1),
+            Status(503),
+            &["note answered 3", "publish retry_scheduled 2/3 +2000"],
+            "retry_scheduled 2 +2000",
+        ),
+        row(
+            retrying(2),
+            Status(503),
+            &["note answered 3", "publish retry_scheduled 3/3 +4000"],
+            "retry_scheduled 3 +4000",
+        ),
+        row(retrying(3), Timeout, &[], "waiting_for_user 3 +60000"),
+        // Every kind of transient answer spends the budget alike.
+        row(
+            sending(3),
+            Status(500),
+            &["note answered 3", "publish retry_scheduled 1/3 +1000"],
+            "retry_scheduled 1 +1000",
+        ),
+        row(
+            sending(3),
+            Status(408),
+            &["note answered 3", "publish retry_scheduled 1/3 +1000"],
+            "retry_scheduled 1 +1000",
+        ),
+        row(
+            sending(3),
+            Timeout,
+            &["publish retry_scheduled 1/3 +1000"],
+            "retry_scheduled 1 +1000",
+        ),
+        row(
+            sending(3),
+            Refused,
+            &["note not_sent 3", "publish retry_scheduled 1/3 +1000"],
+            "retry_scheduled 1 +1000",
+        ),
+        // A delivery ends the episode: the next failure is retry 1 again.
+        row(
+            then(retrying(2), &[Status(200), Tick, Batch(2)]),
+            Status(503),
+            &["note answered 2", "publish retry_scheduled 1/3 +1000"],
+            "retry_scheduled 1 +1000",
+        ),
+        // A reconnect and a dismiss() start a fresh episode too.
+        row(
+            then(retry(2), &[Online(false), Online(true), Tick, Batch(3)]),
+            Status(503),
+            &["note answered 3", "publish retry_scheduled 1/3 +1000"],
+            "retry_scheduled 1 +1000",
+        ),
+        row(
+            then(retry(2), &[Dismiss, Flush, Tick, Batch(3)]),
+            Status(503),
+            &["note answered 3", "publish retry_scheduled 1/3 +1000"],
+            "retry_scheduled 1 +1000",
+        ),
+        // retry_now() from RetryScheduled is the scheduled retry, early: same episode.
+        row(
+            then(retry(1), &[RetryNow, Tick]),
+            Status(503),
+            &["note answered 3", "publish retry_scheduled 2/3 +2000"],
+            "retry_scheduled 2 +2000",
+        ),
+        // Each manual attempt that fails adds one and schedules no automatic retry.
+        row(
+            then(waiting(), &[RetryNow, Tick, Status(503), RetryNow, Tick]),
+            Status(503),
+            &["note answered 3"],
+            "waiting_for_user 5 +60000",
+        ),
+    ];
+    assert_eq!(drive(policy(), &rows), 12);
+
+    // max_retry_elapsed_ms: no retry that would start later than that after the first failure.
+    let short = Policy {
+        max_retry_elapsed_ms: 2_500,
+        ..policy()
+    };
+    let rows = [
+        row(
+            sending(3),
+            Status(503),
+            &["note answered 3", "publish retry_scheduled 1/3 +1000"],
+            "retry_scheduled 1 +1000",
+        ),
+        // At +1000 the next retry would start at +3000 > 2500: hand over after one retry.
+        row(
+            retrying(1),
+            Status(503),
+            &["note answered 3"],
+            "waiting_for_user 1 +60000",
+        ),
+    ];
+    assert_eq!(drive(short, &rows), 2);
+}
+
+/// `Retry-After` (429/503): no earlier than asked, capped by `retry_after_cap_ms` (60 s here);
+/// a shorter one than the backoff leaves the backoff.
+#[test]
+fn retry_after_is_honoured_and_capped() {
+    let rows = [
+        row(
+            sending(3),
+            RetryAfter(429, 7),
+            &["note answered 3", "publish retry_scheduled 1/3 +7000"],
+            "retry_scheduled 1 +7000",
+        ),
+        row(
+            sending(3),
+            RetryAfter(503, 1_000_000),
+            &["note answered 3", "publish retry_scheduled 1/3 +60000"],
+            "retry_scheduled 1 +60000",
+        ),
+        row(
+            retrying(2),
+            RetryAfter(503, 1),
+            &["note answered 3", "publish retry_scheduled 3/3 +4000"],
+            "retry_scheduled 3 +4000",
+        ),
+        row(
+            sending(3),
+            RetryAfter(503, 0),
+            &["note answered 3", "publish retry_scheduled 1/3 +1000"],
+            "retry_scheduled 1 +1000",
+        ),
+    ];
+    assert_eq!(drive(policy(), &rows), 4);
+}
+
+/// 400/413 bisection (docs/protocol.md §Responses, src/split.rs): halves without backoff until
+/// the bad event stands alone; a lone refusal is quarantined once a sibling was accepted; a
+/// refusal of every request pauses with nothing quarantined.
+#[test]
+fn bisection() {
+    let split4 = || then(sending(4), &[Status(400)]);
+    let split2 = || then(sending(2), &[Status(400)]);
+    let rows = [
+        row(sending(4), Status(400), &["note answered 4"], "sending"),
+        row(sending(4), Status(422), &["note answered 4"], "sending"),
+        row(split4(), Tick, &["publish sending", "send 2 #2"], "sending"),
+        row(
+            then(split4(), &[Tick, Status(200)]),
+            Tick,
+            &["publish sending", "send 2 #2"],
+            "sending",
+        ),
+        // A lone event refused outside a split is quarantined at once.
+        row(
+            sending(1),
+            Status(400),
+            &["note answered 1", "quarantine bad_request 1"],
+            "sending",
+        ),
+        row(
+            sending(1),
+            Status(413),
+            &["note answered 1", "quarantine too_large 1"],
+            "sending",
+        ),
+        // In a split: the first lone refusal is held until a sibling shows the collector
+        // takes requests...
+        row(
+            then(split2(), &[Tick]),
+            Status(400),
+            &["note answered 1"],
+            "sending",
+        ),
+        row(
+            then(split2(), &[Tick, Status(400), Tick]),
+            Status(200),
+            &["quarantine bad_request 1", "ack 1"],
+            "sending",
+        ),
+        // ...after which every lone refusal is the event's own.
+        row(
+            then(split4(), &[Tick, Status(200), Tick, Status(400), Tick]),
+            Status(400),
+            &["note answered 1", "quarantine bad_request 1"],
+            "sending",
+        ),
+        // A second lone refusal with nothing accepted: the request is refused; pause with
+        // every event given back, none quarantined.
+        row(
+            then(split2(), &[Tick, Status(400), Tick]),
+            Status(400),
+            &["note answered 1", "release 2"],
+            "paused config",
+        ),
+        // The split ends with a held event still held: the collector judged it; quarantine.
+        row(
+            then(split2(), &[Tick, Status(400), Tick]),
+            Status(413),
+            &[
+                "note answered 1",
+                "quarantine too_large 1",
+                "quarantine bad_request 1",
+            ],
+            "sending",
+        ),
+        // A held event goes back to the queue when the split is abandoned.
+        row(
+            then(split2(), &[Tick, Status(400)]),
+            Online(false),
+            &["release 2"],
+            "offline",
+        ),
+        // A 413 halves the batch and teaches the size: the next batch is cut at half.
+        row(sending(4), Status(413), &["note answered 4"], "sending"),
+        row(
+            then(
+                sending(4),
+                &[Status(413), Tick, Status(200), Tick, Status(200)],
+            ),
+            Tick,
+            &["next batch <=136"],
+            "sending",
+        ),
+        // A 2xx cut short: halves for a batch, a transient failure for a lone event.
+        row(sending(2), CutShort, &["note answered 2"], "sending"),
+        row(
+            sending(1),
+            CutShort,
+            &["note answered 1", "publish retry_scheduled 1/3 +1000"],
+            "retry_scheduled 1 +1000",
+        ),
+        // A 2xx naming refused events: those to the quarantine, the rest delivered.
+        row(
+            sending(3),
+            Rejected(1),
+            &["quarantine rejected 1", "ack 2"],
+            "sending",
+        ),
+    ];
+    assert_eq!(drive(policy(), &rows), 17);
+}
+
+/// `max_event_sends` (2 here): an event in requests that got no answer is isolated by halving,
+/// quarantined as `max_sends` once the collector answered another request, and never while the
+/// collector answers nothing (the next batch goes first as a probe).
+#[test]
+fn max_sends_isolation() {
+    let p = Policy {
+        max_event_sends: 2,
+        ..policy()
+    };
+    // Two unanswered sends of a batch of 2: both events at the limit.
+    let twice = || then(sending(2), &[Timeout, Fire, Tick]);
+    // The same for a lone event with nothing queued behind it.
+    let lone = || then(sending(1), &[Timeout, Fire, Tick]);
+    let rows = [
+        row(
+            sending(2),
+            Timeout,
+            &["publish retry_scheduled 1/3 +1000"],
+            "retry_scheduled 1 +1000",
+        ),
+        // Halved without backoff, the halves sent at once.
+        row(twice(), Timeout, &[], "sending"),
+        row(
+            then(twice(), &[Timeout]),
+            Tick,
+            &["publish sending", "send 1 #3"],
+            "sending",
+        ),
+        // Alone, unanswered, nothing answered since: its sibling goes first, after backoff.
+        row(
+            then(twice(), &[Timeout, Tick]),
+            Timeout,
+            &["publish retry_scheduled 2/3 +2000"],
+            "retry_scheduled 2 +2000",
+        ),
+        // Alone with nothing behind: the next batch is asked for, to go first as a probe.
+        row(lone(), Timeout, &["probe batch <=524224"], "sending"),
+        row(
+            then(lone(), &[Timeout]),
+            Batch(3),
+            &["publish retry_scheduled 2/3 +2000"],
+            "retry_scheduled 2 +2000",
+        ),
+        row(
+            then(lone(), &[Timeout, Batch(3), Fire]),
+            Tick,
+            &["publish sending", "send 3 #1"],
+            "sending",
+        ),
+        row(
+            then(lone(), &[Timeout]),
+            Empty,
+            &["publish retry_scheduled 2/3 +2000"],
+            "retry_scheduled 2 +2000",
+        ),
+        // A collector that answers nothing quarantines nothing.
+        row(
+            then(lone(), &[Timeout, Empty, Fire, Tick]),
+            Timeout,
+            &["probe batch <=524224"],
+            "sending",
+        ),
+        // The probe is answered, then the event alone is not: it is the cause.
+        row(
+            then(lone(), &[Timeout, Batch(3), Fire, Tick, Status(200), Tick]),
+            Timeout,
+            &["quarantine max_sends 1"],
+            "sending",
+        ),
+        // An answered failure is an ordinary transient one, whatever the counts.
+        row(
+            twice(),
+            Status(503),
+            &["note answered 2", "publish retry_scheduled 2/3 +2000"],
+            "retry_scheduled 2 +2000",
+        ),
+    ];
+    assert_eq!(drive(p, &rows), 11);
+}
+
+/// docs/delivery.md §Slow probe: one request behind `WaitingForUser`, the state kept while it
+/// is in flight; a failure moves the next probe out (doubling to `probe_cap_ms`), any answer
+/// that is not transient ends the episode.
+#[test]
+fn slow_probe_behind_waiting_for_user() {
+    let rows = [
+        row(waiting(), Fire, &[], "probing"),
+        // No `Sending` is published for the probe: the UI keeps showing WaitingForUser.
+        row(then(waiting(), &[Fire]), Tick, &["send 3 #5"], "probing"),
+        row(
+            probing(),
+            Status(503),
+            &["note answered 3"],
+            "waiting_for_user 3 +120000",
+        ),
+        row(
+            then(probing(), &[Status(503), Fire, Tick]),
+            Timeout,
+            &[],
+            "waiting_for_user 3 +240000",
+        ),
+        row(
+            then(probing(), &[Status(503)]),
+            Tick,
+            &["publish waiting_for_user 3 +120000", "wait +120000"],
+            "waiting_for_user 3 +120000",
+        ),
+        row(probing(), Status(200), &["ack 3"], "sending"),
+        // A success drains as a fresh episode.
+        row(
+            then(probing(), &[Status(200), Tick, Batch(2)]),
+            Status(503),
+            &["note answered 2", "publish retry_scheduled 1/3 +1000"],
+            "retry_scheduled 1 +1000",
+        ),
+        row(
+            probing(),
+            Status(401),
+            &["note answered 3", "release 3"],
+            "paused auth",
+        ),
+        // A fresh episode after foreground resets the probe's doubling too.
+        row(
+            then(
+                probing(),
+                &[
+                    Status(503),
+                    Foreground(false),
+                    Foreground(true),
+                    Tick,
+                    Status(503),
+                ],
+            ),
+            Tick,
+            &["publish retry_scheduled 1/3 +1000", "wait +1000"],
+            "retry_scheduled 1 +1000",
+        ),
+    ];
+    assert_eq!(drive(policy(), &rows), 9);
+}
+
+/// Foreground and background: only the background → foreground edge does anything, and only
+/// from RetryScheduled or WaitingForUser.
+#[test]
+fn foreground_and_background() {
+    let rows = [
+        row(idle(), Foreground(false), &[], "idle"),
+        row(
+            then(idle(), &[Foreground(false)]),
+            Foreground(true),
+            &[],
+            "idle",
+        ),
+        row(retry(1), Foreground(false), &[], "retry_scheduled 1 +1000"),
+        row(
+            waiting(),
+            Foreground(false),
+            &[],
+            "waiting_for_user 3 +60000",
+        ),
+        row(
+            then(paused_auth(), &[Foreground(false)]),
+            Foreground(true),
+            &[],
+            "paused auth",
+        ),
+        row(
+            then(offline(), &[Foreground(false)]),
+            Foreground(true),
+            &[],
+            "offline",
+        ),
+        row(
+            then(sending(3), &[Foreground(false)]),
+            Foreground(true),
+            &[],
+            "sending",
+        ),
+    ];
+    assert_eq!(drive(policy(), &rows), 7);
+}
+
+/// Offline: no attempts from any state; back online drains as a fresh episode.
+#[test]
+fn offline_from_every_state() {
+    let rows = [
+        row(retry(2), Online(false), &["release 3"], "offline"),
+        row(
+            then(retry(2), &[Online(false)]),
+            TickAfter(5_000),
+            &["publish offline", "wait"],
+            "offline",
+        ),
+        row(then(retry(2), &[Online(false)]), RetryNow, &[], "offline"),
+        row(probing(), Online(false), &["release 3"], "offline"),
+        row(
+            then(asked(), &[Empty, Online(false)]),
+            TickFlushAt,
+            &["publish offline", "wait"],
+            "offline",
+        ),
+        row(paused_config(), Online(false), &[], "offline"),
+        row(
+            then(paused_config(), &[Online(false), Online(true)]),
+            Resume,
+            &["flush_at seen"],
+            "sending",
+        ),
+        row(
+            then(offline(), &[Online(true)]),
+            Tick,
+            &["next batch <=524224"],
+            "sending",
+        ),
+    ];
+    assert_eq!(drive(policy(), &rows), 8);
+}
+
+/// The age limit before every send, retries included, and `min_batch_interval_ms`.
+#[test]
+fn age_and_interval() {
+    let aged = Policy {
+        max_event_age_ms: 1_500,
+        ..policy()
+    };
+    let rows = [
+        // Retry 1 fires at +1000: still young enough.
+        row(
+            then(retry(1), &[Fire]),
+            Tick,
+            &["publish sending", "send 3 #2"],
+            "sending",
+        ),
+        // Retry 2 fires at +3000: every event of the batch expired while it waited.
+        row(
+            then(retry(2), &[Fire]),
+            Tick,
+            &["drop expired 3"],
+            "sending",
+        ),
+        row(
+            then(retry(2), &[Fire, Tick]),
+            Tick,
+            &["next batch <=524224"],
+            "sending",
+        ),
+    ];
+    assert_eq!(drive(aged, &rows), 3);
+
+    let spaced = Policy {
+        min_batch_interval_ms: 500,
+        ..policy()
+    };
+    let rows = [
+        row(
+            then(sending(3), &[Status(200)]),
+            Tick,
+            &["publish sending", "wait +500"],
+            "sending",
+        ),
+        row(
+            then(sending(3), &[Status(200)]),
+            TickAfter(500),
+            &["next batch <=524224"],
+            "sending",
+        ),
+        // The probe waits out the interval behind WaitingForUser, publishing nothing.
+        row(then(waiting(), &[Fire]), Tick, &["send 3 #5"], "probing"),
+    ];
+    assert_eq!(drive(spaced, &rows), 3);
+}

@@ -28,7 +28,8 @@ pub use types::{
     QuarantinedEvent, SpoolNotice, SpoolStats,
 };
 
-use crate::config::Config;
+use crate::config::{Compression, Config, Durability, SettingValue};
+use crate::error::ConfigError;
 use crate::error::Error;
 use crate::quarantine::ListFilter;
 use crate::shared::lock;
@@ -116,179 +117,90 @@ fn quietly(f: impl FnOnce()) {
     }
 }
 
-/// The configuration of README §Configuration. Every field but `endpoint` is optional: absent means
-/// the documented default. `Debug` never shows the API key.
-#[derive(Clone, Default, uniffi::Record)]
-pub struct SpoolConfig {
-    pub endpoint: String,
-    #[uniffi(default)]
-    pub api_key: Option<String>,
-    /// SQLite file (created 0600); absent keeps events in memory only.
-    #[uniffi(default)]
-    pub db_path: Option<String>,
-    #[uniffi(default)]
-    pub memory_capacity: Option<u64>,
-    #[uniffi(default)]
-    pub max_disk_bytes: Option<u64>,
-    #[uniffi(default)]
-    pub max_event_bytes: Option<u64>,
-    #[uniffi(default)]
-    pub max_batch_events: Option<u64>,
-    #[uniffi(default)]
-    pub max_batch_bytes: Option<u64>,
-    #[uniffi(default)]
-    pub min_batch_interval_ms: Option<u64>,
-    #[uniffi(default)]
-    pub flush_at: Option<u64>,
-    #[uniffi(default)]
-    pub flush_interval_ms: Option<u64>,
-    #[uniffi(default)]
-    pub backoff_base_ms: Option<u64>,
-    #[uniffi(default)]
-    pub backoff_cap_ms: Option<u64>,
-    #[uniffi(default)]
-    pub max_auto_attempts: Option<u32>,
-    #[uniffi(default)]
-    pub max_retry_elapsed_ms: Option<u64>,
-    #[uniffi(default)]
-    pub probe_base_ms: Option<u64>,
-    #[uniffi(default)]
-    pub probe_cap_ms: Option<u64>,
-    #[uniffi(default)]
-    pub attempt_timeout_ms: Option<u64>,
-    #[uniffi(default)]
-    pub retry_after_cap_ms: Option<u64>,
-    #[uniffi(default)]
-    pub max_event_age_ms: Option<u64>,
-    /// Sends without an answer before an event is quarantined as `max_sends` (default 10).
-    #[uniffi(default)]
-    pub max_event_sends: Option<u32>,
-    #[uniffi(default)]
-    pub quarantine_max_events: Option<u64>,
-    #[uniffi(default)]
-    pub quarantine_retention_ms: Option<u64>,
-    /// `"gzip"` (default) or `"none"`.
-    #[uniffi(default)]
-    pub compression: Option<String>,
-    /// `"spill"` (default) or `"always"`.
-    #[uniffi(default)]
-    pub durability: Option<String>,
-    #[uniffi(default)]
-    pub allow_insecure_http: Option<bool>,
+/// Generates the FFI config record from the one table of settings (`config_table!` in
+/// config.rs): every field but the required one is optional, absent meaning the default.
+macro_rules! define_spool_config {
+    (
+        required { $(#[$rmeta:meta])* $req:ident: $rty:ty; }
+        optional { $( $(#[$meta:meta])* $name:ident: $ty:ty = $default:expr, ffi $fty:ty, $show:ident; )* }
+    ) => {
+        /// The configuration of README §Configuration. Every field but `endpoint` is optional:
+        /// absent means the documented default. `Debug` never shows the API key.
+        #[derive(Clone, Default, uniffi::Record)]
+        pub struct SpoolConfig {
+            $(#[$rmeta])*
+            pub $req: $rty,
+            $( $(#[$meta])* #[uniffi(default)] pub $name: Option<$fty>, )*
+        }
+
+        impl std::fmt::Debug for SpoolConfig {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.debug_struct("SpoolConfig")
+                    .field(stringify!($req), &self.$req)
+                    $( .field(stringify!($name), $crate::config_shown!($show, &self.$name)) )*
+                    .finish()
+            }
+        }
+
+        impl TryFrom<SpoolConfig> for Config {
+            type Error = SpoolError;
+
+            fn try_from(r: SpoolConfig) -> Result<Config, SpoolError> {
+                let mut c = Config::new(r.$req);
+                $(
+                    if let Some(v) = r.$name {
+                        c.$name = FromRecord::from_record(stringify!($name), v)
+                            .map_err(|e| SpoolError::from(Error::from(e)))?;
+                    }
+                )*
+                c.validate().map_err(|e| SpoolError::from(Error::from(e)))?;
+                Ok(c)
+            }
+        }
+    };
 }
 
-impl std::fmt::Debug for SpoolConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // Destructured without `..`, so a new field must be placed here (and thought about).
-        let SpoolConfig {
-            endpoint,
-            api_key,
-            db_path,
-            memory_capacity,
-            max_disk_bytes,
-            max_event_bytes,
-            max_batch_events,
-            max_batch_bytes,
-            min_batch_interval_ms,
-            flush_at,
-            flush_interval_ms,
-            backoff_base_ms,
-            backoff_cap_ms,
-            max_auto_attempts,
-            max_retry_elapsed_ms,
-            probe_base_ms,
-            probe_cap_ms,
-            attempt_timeout_ms,
-            retry_after_cap_ms,
-            max_event_age_ms,
-            max_event_sends,
-            quarantine_max_events,
-            quarantine_retention_ms,
-            compression,
-            durability,
-            allow_insecure_http,
-        } = self;
-        f.debug_struct("SpoolConfig")
-            .field("endpoint", endpoint)
-            .field("api_key", &crate::config::redacted_key(api_key))
-            .field("db_path", db_path)
-            .field("memory_capacity", memory_capacity)
-            .field("max_disk_bytes", max_disk_bytes)
-            .field("max_event_bytes", max_event_bytes)
-            .field("max_batch_events", max_batch_events)
-            .field("max_batch_bytes", max_batch_bytes)
-            .field("min_batch_interval_ms", min_batch_interval_ms)
-            .field("flush_at", flush_at)
-            .field("flush_interval_ms", flush_interval_ms)
-            .field("backoff_base_ms", backoff_base_ms)
-            .field("backoff_cap_ms", backoff_cap_ms)
-            .field("max_auto_attempts", max_auto_attempts)
-            .field("max_retry_elapsed_ms", max_retry_elapsed_ms)
-            .field("probe_base_ms", probe_base_ms)
-            .field("probe_cap_ms", probe_cap_ms)
-            .field("attempt_timeout_ms", attempt_timeout_ms)
-            .field("retry_after_cap_ms", retry_after_cap_ms)
-            .field("max_event_age_ms", max_event_age_ms)
-            .field("max_event_sends", max_event_sends)
-            .field("quarantine_max_events", quarantine_max_events)
-            .field("quarantine_retention_ms", quarantine_retention_ms)
-            .field("compression", compression)
-            .field("durability", durability)
-            .field("allow_insecure_http", allow_insecure_http)
-            .finish()
+crate::config_table!(define_spool_config);
+
+/// How a value the app put in [`SpoolConfig`] becomes the core setting. Numbers and flags pass
+/// through; the textual enums go through the parser the CLI uses, so the error names the field.
+trait FromRecord<F>: Sized {
+    fn from_record(name: &str, value: F) -> Result<Self, ConfigError>;
+}
+
+macro_rules! passes_through {
+    ($($t:ty),*) => {
+        $(impl FromRecord<$t> for $t {
+            fn from_record(_: &str, value: $t) -> Result<Self, ConfigError> {
+                Ok(value)
+            }
+        })*
+    };
+}
+passes_through!(u64, u32, bool);
+
+/// An API key is taken as given (an empty one is refused by validation, not made "none").
+impl FromRecord<String> for Option<String> {
+    fn from_record(_: &str, value: String) -> Result<Self, ConfigError> {
+        Ok(Some(value))
     }
 }
 
-impl TryFrom<SpoolConfig> for Config {
-    type Error = SpoolError;
+impl FromRecord<String> for Option<PathBuf> {
+    fn from_record(_: &str, value: String) -> Result<Self, ConfigError> {
+        Ok(Some(PathBuf::from(value)))
+    }
+}
 
-    fn try_from(r: SpoolConfig) -> Result<Config, SpoolError> {
-        let mut c = Config::new(r.endpoint);
-        c.api_key = r.api_key;
-        c.db_path = r.db_path.map(PathBuf::from);
-        let numbers: [(&mut u64, Option<u64>); 18] = [
-            (&mut c.memory_capacity, r.memory_capacity),
-            (&mut c.max_disk_bytes, r.max_disk_bytes),
-            (&mut c.max_event_bytes, r.max_event_bytes),
-            (&mut c.max_batch_events, r.max_batch_events),
-            (&mut c.max_batch_bytes, r.max_batch_bytes),
-            (&mut c.min_batch_interval_ms, r.min_batch_interval_ms),
-            (&mut c.flush_at, r.flush_at),
-            (&mut c.flush_interval_ms, r.flush_interval_ms),
-            (&mut c.backoff_base_ms, r.backoff_base_ms),
-            (&mut c.backoff_cap_ms, r.backoff_cap_ms),
-            (&mut c.max_retry_elapsed_ms, r.max_retry_elapsed_ms),
-            (&mut c.probe_base_ms, r.probe_base_ms),
-            (&mut c.probe_cap_ms, r.probe_cap_ms),
-            (&mut c.attempt_timeout_ms, r.attempt_timeout_ms),
-            (&mut c.retry_after_cap_ms, r.retry_after_cap_ms),
-            (&mut c.max_event_age_ms, r.max_event_age_ms),
-            (&mut c.quarantine_max_events, r.quarantine_max_events),
-            (&mut c.quarantine_retention_ms, r.quarantine_retention_ms),
-        ];
-        for (field, value) in numbers {
-            if let Some(v) = value {
-                *field = v;
-            }
-        }
-        if let Some(v) = r.max_auto_attempts {
-            c.max_auto_attempts = v;
-        }
-        if let Some(v) = r.max_event_sends {
-            c.max_event_sends = v;
-        }
-        if let Some(v) = r.allow_insecure_http {
-            c.allow_insecure_http = v;
-        }
-        // The textual settings go through the one parser the CLI uses, so the error names the field.
-        for (name, value) in [("compression", r.compression), ("durability", r.durability)] {
-            if let Some(v) = value {
-                c.set(name, &v)
-                    .map_err(|e| SpoolError::from(Error::from(e)))?;
-            }
-        }
-        c.validate().map_err(|e| SpoolError::from(Error::from(e)))?;
-        Ok(c)
+impl FromRecord<String> for Compression {
+    fn from_record(name: &str, value: String) -> Result<Self, ConfigError> {
+        SettingValue::parse(name, &value)
+    }
+}
+
+impl FromRecord<String> for Durability {
+    fn from_record(name: &str, value: String) -> Result<Self, ConfigError> {
+        SettingValue::parse(name, &value)
     }
 }
 

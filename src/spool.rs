@@ -13,6 +13,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::config::{Config, Durability};
 use crate::error::{ConfigError, Error, Result};
 use crate::event::{self, EventId, NewEvent, QueuedEvent};
+use crate::observers::{ObserverHandle, Observers};
 use crate::quarantine::{ListFilter, MemoryQuarantine, QuarantinedEvent, Selector};
 use crate::shared::{Control, Shared, SpillSignal, StateCell, lock};
 use crate::state::{DeliveryObserver, DeliveryState, DeliveryStatus, Notice};
@@ -173,7 +174,7 @@ impl EventSpool {
                 published: 0,
             }),
             state_changed: Condvar::new(),
-            observers: Mutex::new(b.observers),
+            observers: Observers::new(b.observers),
             spill: Mutex::new(SpillSignal::default()),
             spill_cv: Condvar::new(),
             shutdown,
@@ -581,8 +582,12 @@ impl EventSpool {
         self.shared().status()
     }
 
-    pub fn add_observer(&self, observer: Arc<dyn DeliveryObserver>) {
-        lock(&self.shared().observers).push(observer);
+    /// Registers another observer; it hears the next change. It stays registered while the
+    /// returned handle lives: drop it or call [`ObserverHandle::remove`] when the screen that
+    /// shows the state goes away (an observer given to [`SpoolBuilder::observer`] stays for the
+    /// spool's lifetime instead).
+    pub fn add_observer(&self, observer: Arc<dyn DeliveryObserver>) -> ObserverHandle {
+        self.shared().observers.add(observer)
     }
 
     pub fn stats(&self) -> Stats {

@@ -397,12 +397,21 @@ impl EventSpool {
         }
     }
 
-    /// Registers another observer; it hears the next change.
-    pub fn add_observer(&self, observer: Arc<dyn DeliveryObserver>) {
+    /// Registers another observer; it hears the next change. It stays registered while the
+    /// returned handle lives: `remove()` it (Kotlin: `close()`, e.g. in `onDestroy`) or let it
+    /// be collected, and the spool lets go of the observer. After `shutdown` nothing is
+    /// registered and the handle does nothing.
+    pub fn add_observer(&self, observer: Arc<dyn DeliveryObserver>) -> Arc<ObserverHandle> {
         let errors = self.callback_errors.clone();
-        self.verb(|core| {
-            core.add_observer(Arc::new(foreign::ObserverAdapter { observer, errors }))
+        let inner = self.core().and_then(|core| {
+            catch_unwind(AssertUnwindSafe(|| {
+                core.add_observer(Arc::new(foreign::ObserverAdapter { observer, errors }))
+            }))
+            .ok()
         });
+        Arc::new(ObserverHandle {
+            inner: Mutex::new(inner),
+        })
     }
 
     /// Blocks up to `timeout_ms` until nothing is pending and delivery is idle. For scripts,
@@ -469,6 +478,26 @@ impl EventSpool {
     /// Deletes quarantined events for good; returns how many.
     pub fn quarantine_purge(&self, selector: QuarantineSelector) -> Result<u64, SpoolError> {
         self.with_core(|core| core.quarantine_purge(&selector.into()))
+    }
+}
+
+/// What `add_observer` returns. Dropping it (Kotlin `close()`, Swift or Python releasing the
+/// last reference, or the foreign GC collecting it) or calling `remove()` unregisters the
+/// observer, and the spool drops its reference to the foreign object.
+#[derive(uniffi::Object)]
+pub struct ObserverHandle {
+    inner: Mutex<Option<crate::ObserverHandle>>,
+}
+
+#[uniffi::export]
+impl ObserverHandle {
+    /// Unregisters the observer now; no call to it begins after this returns. Safe from inside
+    /// its own callback; calling it again does nothing.
+    pub fn remove(&self) {
+        // Taken out of the lock first: dropping the core handle releases the foreign observer,
+        // which runs foreign code.
+        let inner = lock(&self.inner).take();
+        quietly(|| drop(inner));
     }
 }
 

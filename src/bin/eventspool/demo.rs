@@ -284,7 +284,7 @@ fn story(args: &DemoArgs, pace: &Pace, screen: &mut Screen) -> CmdResult {
     // Every published state arrives here, so a retry that came and went between two ticks
     // is still shown (polling `state()` alone can miss a short first backoff).
     let (states, published) = mpsc::channel::<DeliveryStatus>();
-    spool.add_observer(Arc::new(move |status: &DeliveryStatus| {
+    let _states = spool.add_observer(Arc::new(move |status: &DeliveryStatus| {
         let _ = states.send(status.clone());
     }));
     spool.set_online(true);

@@ -22,6 +22,7 @@ pub const BATCH_OVERHEAD_BYTES: u64 = 64;
 
 /// Whether request bodies are gzipped (only bodies over 1 KiB; smaller ones gain nothing).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Compression {
     None,
     Gzip,
@@ -29,6 +30,7 @@ pub enum Compression {
 
 /// When an event becomes durable on disk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Durability {
     /// Memory first; the store takes the overflow and everything on `persist()`/`shutdown()`.
     /// An app killed without either loses what was only in memory.
@@ -130,6 +132,7 @@ macro_rules! define_config {
         /// `Debug` shows whether an API key is set, never the key (configs end up in logs and
         /// panics).
         #[derive(Clone)]
+        #[non_exhaustive]
         pub struct Config {
             $(#[$rmeta])*
             pub $req: $rty,

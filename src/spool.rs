@@ -127,7 +127,7 @@ impl EventSpool {
             Some(t) => t,
             None => Arc::new(
                 ReqwestTransport::new()
-                    .map_err(|e: TransportError| Error::Storage(format!("HTTP client: {e}")))?,
+                    .map_err(|source: TransportError| Error::HttpClient { source })?,
             ),
         };
         let mut recovered = None;
@@ -203,7 +203,10 @@ impl EventSpool {
                     std::thread::Builder::new()
                         .name("eventspool-spill".into())
                         .spawn(move || spiller(s))
-                        .map_err(|e| Error::Storage(format!("cannot start spill thread: {e}")))?,
+                        .map_err(|source| Error::Runtime {
+                            what: "the spill thread",
+                            source,
+                        })?,
                 )
             }
             None => None,
@@ -213,7 +216,10 @@ impl EventSpool {
             .thread_name("eventspool-worker")
             .enable_all()
             .build()
-            .map_err(|e| Error::Storage(format!("cannot start worker runtime: {e}")))?;
+            .map_err(|source| Error::Runtime {
+                what: "the delivery runtime",
+                source,
+            })?;
         let (done_tx, done_rx) = std::sync::mpsc::channel();
         let s = shared.clone();
         runtime.spawn(async move {

@@ -53,6 +53,12 @@ pub enum SpoolError {
     ShutDown,
     #[error("storage: {reason}")]
     Storage { reason: String },
+    /// The built-in HTTP client could not be set up; pass your own `HttpTransport`.
+    #[error("HTTP client: {reason}")]
+    HttpClient { reason: String },
+    /// The system refused a thread or the delivery runtime at open; `reason` names which.
+    #[error("cannot start: {reason}")]
+    Runtime { reason: String },
     #[error("not found: {reason}")]
     NotFound { reason: String },
     /// A `track_batch` that could not be recorded whole (larger than memory without a store, or
@@ -85,6 +91,12 @@ impl From<Error> for SpoolError {
             Error::Disabled => SpoolError::TrackingDisabled,
             Error::ShutDown => SpoolError::ShutDown,
             Error::Storage(reason) => SpoolError::Storage { reason },
+            e @ Error::HttpClient { .. } => SpoolError::HttpClient {
+                reason: e.to_string(),
+            },
+            Error::Runtime { what, source } => SpoolError::Runtime {
+                reason: format!("{what}: {source}"),
+            },
             Error::NotFound(reason) => SpoolError::NotFound { reason },
             Error::BatchRefused(reason) => SpoolError::BatchRefused { reason },
             Error::NotDurable { event_ids, reason } => SpoolError::NotDurable {
@@ -632,6 +644,29 @@ mod tests {
                 "{len}"
             );
         }
+    }
+
+    #[test]
+    fn open_failures_keep_their_kind_across_the_ffi() {
+        let e = SpoolError::from(Error::HttpClient {
+            source: crate::TransportError::Tls("no roots".into()),
+        });
+        assert_eq!(
+            e,
+            SpoolError::HttpClient {
+                reason: "HTTP client: TLS: no roots".into()
+            }
+        );
+        let e = SpoolError::from(Error::Runtime {
+            what: "the delivery runtime",
+            source: std::io::Error::other("out of memory"),
+        });
+        assert_eq!(
+            e,
+            SpoolError::Runtime {
+                reason: "the delivery runtime: out of memory".into()
+            }
+        );
     }
 
     #[test]

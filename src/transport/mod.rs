@@ -87,6 +87,7 @@ impl HttpResponse {
 /// and `Io` after the body was sent mean the collector may have stored the batch, so the resend
 /// carries the same `event_id`s.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum TransportError {
     #[error("could not connect: {0}")]
     Connect(String),

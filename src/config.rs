@@ -118,7 +118,7 @@ macro_rules! config_shown {
         $value
     };
     (secret, $value:expr) => {
-        &$crate::config::redacted_key($value)
+        &$crate::redacted_key($value)
     };
 }
 

@@ -41,7 +41,7 @@ pub struct SpoolBuilder {
 }
 
 impl SpoolBuilder {
-    /// Time source for timers, timestamps and ages (tests inject a [`crate::ManualClock`]).
+    /// Time source for timers, timestamps and ages (tests inject a `ManualClock`, feature `test-util`).
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = Some(clock);
         self
@@ -65,8 +65,8 @@ impl SpoolBuilder {
         self
     }
 
-    /// Seeds the retry and probe jitter, so a run on a [`crate::ManualClock`] can be replayed
-    /// exactly. Apps leave it unset: a fleet must not share one sequence of delays.
+    /// Seeds the retry and probe jitter, so a run on a `ManualClock` (feature `test-util`) can be
+    /// replayed exactly. Apps leave it unset: a fleet must not share one sequence of delays.
     pub fn jitter_seed(mut self, seed: u64) -> Self {
         self.jitter_seed = Some(seed);
         self

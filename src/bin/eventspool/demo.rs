@@ -502,7 +502,7 @@ fn pause(screen: &mut Screen, beat: Duration) -> Option<Key> {
 }
 
 /// The gist of a failure for a status line ("could not connect", "HTTP 503").
-fn short(failure: &eventspool::classify::Failure) -> String {
+fn short(failure: &eventspool::Failure) -> String {
     match failure.status {
         Some(status) => format!("HTTP {status}"),
         None => failure

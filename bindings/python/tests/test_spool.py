@@ -54,7 +54,11 @@ def test_outage_countdown_waiting_for_user_then_retry_now(collector, fast_config
         ticks = [s.retry_in_ms for s in scheduled if s.attempt == attempt]
         assert ticks == sorted(ticks, reverse=True), "the countdown only goes down"
     assert all(s.max_attempts == 3 for s in scheduled)
-    assert all(0 < s.retry_in_ms <= 200 for s in scheduled), "a countdown within backoff_cap_ms"
+    # Full jitter may draw a delay under a millisecond: an announced retry can say 0 ms.
+    assert all(0 <= s.retry_in_ms <= 200 for s in scheduled), (
+        "a countdown within backoff_cap_ms",
+        [s.retry_in_ms for s in scheduled],
+    )
     assert scheduled[0].last_error.status is None and scheduled[0].last_error.message
     waiting = spool.state()
     assert waiting.state.attempts == 3 and waiting.pending == 25

@@ -669,6 +669,60 @@ mod tests {
         );
     }
 
+    /// The FFI handle is what a Kotlin/Swift/Python app holds: removing or dropping it must
+    /// release the spool's reference to the foreign observer, or the foreign GC can never
+    /// collect it (nor the screen it captures).
+    #[test]
+    fn the_ffi_handle_releases_the_foreign_observer() {
+        struct Quiet;
+        impl foreign::DeliveryObserver for Quiet {
+            fn on_state(&self, _: DeliveryStatus) -> Result<(), foreign::ObserverError> {
+                Ok(())
+            }
+            fn on_notice(&self, _: SpoolNotice) -> Result<(), foreign::ObserverError> {
+                Ok(())
+            }
+        }
+        let config = SpoolConfig {
+            endpoint: "http://127.0.0.1:9/b".into(),
+            ..Default::default()
+        };
+        let spool = EventSpool::new(config, None, None, true).unwrap();
+        let (removed, dropped): (Arc<dyn DeliveryObserver>, Arc<dyn DeliveryObserver>) =
+            (Arc::new(Quiet), Arc::new(Quiet));
+        let removed_handle = spool.add_observer(removed.clone());
+        let dropped_handle = spool.add_observer(dropped.clone());
+        assert_eq!(
+            (Arc::strong_count(&removed), Arc::strong_count(&dropped)),
+            (2, 2),
+            "registered: the spool holds each"
+        );
+        removed_handle.remove();
+        removed_handle.remove();
+        drop(dropped_handle);
+        // A state being told on the worker thread as the handles went may hold the entries a
+        // moment longer: wait for the release, bounded.
+        let released = |o: &Arc<dyn DeliveryObserver>| {
+            (0..500).any(|_| {
+                let done = Arc::strong_count(o) == 1;
+                if !done {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                done
+            })
+        };
+        assert!(
+            released(&removed) && released(&dropped),
+            "the spool let go of both"
+        );
+        spool.shutdown(1_000).unwrap();
+        // After shutdown nothing is registered; the handle is inert.
+        let late: Arc<dyn DeliveryObserver> = Arc::new(Quiet);
+        let handle = spool.add_observer(late.clone());
+        assert_eq!(Arc::strong_count(&late), 1);
+        handle.remove();
+    }
+
     #[test]
     fn panics_become_typed_errors() {
         let r: Result<(), SpoolError> = guard(|| panic!("boom"));

@@ -12,7 +12,7 @@
 //! | other 4xx, 3xx | `Config` (pause) |
 //!
 //! A cut 2xx is not a success: the part not read may list refused events, and deleting those as
-//! delivered would lose them. The read bound ([`crate::transport::response_bound`]) fits the
+//! delivered would lose them. The read bound (`response_bound`) fits the
 //! largest legal answer to the batch sent, so only a collector breaking the protocol (reasons
 //! longer than 1 KiB) or a connection breaking mid-answer gets here. Resending costs duplicates
 //! the collector dedups; resending in halves means an answer that is simply too long for its

@@ -1,13 +1,17 @@
 //! Time, injected. Retry timers and throttling run on a monotonic clock (a wall-clock jump never
 //! makes a retry fire early or wait for hours); event timestamps and age limits use the wall
-//! clock. Tests swap in [`ManualClock`] so no test sleeps through a real backoff.
+//! clock. Tests swap in `ManualClock` (feature `test-util`) so no test sleeps through a real
+//! backoff.
 
 use std::future::Future;
 use std::pin::Pin;
+#[cfg(feature = "test-util")]
 use std::sync::Mutex;
+#[cfg(feature = "test-util")]
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+#[cfg(feature = "test-util")]
 use tokio::sync::Notify;
 
 pub type Sleep = Pin<Box<dyn Future<Output = ()> + Send>>;
@@ -59,9 +63,11 @@ impl Clock for SystemClock {
     }
 }
 
+#[cfg(feature = "test-util")]
 /// A clock that moves only when told to. In `auto_advance` mode a sleep jumps the clock straight
 /// to its deadline (drain tests: throttles and backoffs are honoured in virtual time, cost none
 /// in real time); otherwise a test calls [`ManualClock::advance`] and sees every tick.
+/// Behind the `test-util` feature: an app never wants a clock it must move itself.
 pub struct ManualClock {
     inner: Mutex<ManualState>,
     changed: Notify,
@@ -69,12 +75,14 @@ pub struct ManualClock {
     parks: AtomicUsize,
 }
 
+#[cfg(feature = "test-util")]
 struct ManualState {
     now_ms: u64,
     wall_offset_ms: i64,
     auto_advance: bool,
 }
 
+#[cfg(feature = "test-util")]
 impl ManualClock {
     /// Starts at monotonic 0 and the given wall time.
     pub fn new(wall_start_ms: i64) -> ManualClock {
@@ -145,6 +153,7 @@ impl ManualClock {
     }
 }
 
+#[cfg(feature = "test-util")]
 impl Clock for std::sync::Arc<ManualClock> {
     fn now_ms(&self) -> u64 {
         self.lock().now_ms
@@ -192,8 +201,10 @@ impl Clock for std::sync::Arc<ManualClock> {
     }
 }
 
+#[cfg(feature = "test-util")]
 struct SleeperGuard<'a>(&'a AtomicUsize);
 
+#[cfg(feature = "test-util")]
 impl Drop for SleeperGuard<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::SeqCst);

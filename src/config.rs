@@ -22,6 +22,7 @@ pub const BATCH_OVERHEAD_BYTES: u64 = 64;
 
 /// Whether request bodies are gzipped (only bodies over 1 KiB; smaller ones gain nothing).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Compression {
     None,
     Gzip,
@@ -29,6 +30,7 @@ pub enum Compression {
 
 /// When an event becomes durable on disk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Durability {
     /// Memory first; the store takes the overflow and everything on `persist()`/`shutdown()`.
     /// An app killed without either loses what was only in memory.
@@ -37,270 +39,239 @@ pub enum Durability {
     Always,
 }
 
-/// A validated configuration. Build it with [`Config::new`] and the `with_*`-free field access,
-/// or [`Config::set`] by name; [`crate::EventSpool::open`] validates it again before use.
-/// `Debug` shows whether an API key is set, never the key (configs end up in logs and panics).
-#[derive(Clone)]
-pub struct Config {
-    pub endpoint: String,
-    pub api_key: Option<String>,
-    pub db_path: Option<PathBuf>,
-    pub memory_capacity: u64,
-    pub max_disk_bytes: u64,
-    pub max_event_bytes: u64,
-    pub max_batch_events: u64,
-    pub max_batch_bytes: u64,
-    pub min_batch_interval_ms: u64,
-    pub flush_at: u64,
-    pub flush_interval_ms: u64,
-    pub backoff_base_ms: u64,
-    pub backoff_cap_ms: u64,
-    pub max_auto_attempts: u32,
-    pub max_retry_elapsed_ms: u64,
-    /// `WaitingForUser`'s slow automatic probe: ceiling of the delay before probe k is
-    /// `min(probe_cap_ms, probe_base_ms · 2^(k-1))`, full jitter (see [`crate::retry`]).
-    pub probe_base_ms: u64,
-    pub probe_cap_ms: u64,
-    pub attempt_timeout_ms: u64,
-    pub retry_after_cap_ms: u64,
-    pub max_event_age_ms: u64,
-    /// Requests without an answer (timeout, connection dropped) an event may ride before it is
-    /// isolated and quarantined as `max_sends`: it ends the "retried for ever" of an event the
-    /// collector crashes on, while a flaky network rarely reaches it.
-    pub max_event_sends: u32,
-    pub quarantine_max_events: u64,
-    pub quarantine_retention_ms: u64,
-    pub compression: Compression,
-    pub durability: Durability,
-    pub allow_insecure_http: bool,
+/// The one table of settings (README §Configuration): name, Rust type, default, doc, and the
+/// type the FFI record carries when the app sets it. It hands the rows to the macro `$then`,
+/// which generates what it needs from them: here the [`Config`] struct, [`CONFIG_NAMES`],
+/// [`Config::new`], [`Config::set`] and `Debug`; in the UniFFI surface the `SpoolConfig` record,
+/// its `Debug` and its conversion. A setting added to this table appears in all of them, so no
+/// list can forget one. How a text value parses follows from the Rust type ([`SettingValue`]);
+/// `secret` marks what `Debug` must never print.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! config_table {
+    ($then:ident) => {
+        $then! {
+            required {
+                /// The collector's batch URL: `https://`; `http://` only to loopback or with
+                /// `allow_insecure_http`.
+                endpoint: String;
+            }
+            optional {
+                /// Sent as `Authorization: Bearer …`; never logged.
+                api_key: Option<String> = None, ffi String, secret;
+                /// SQLite file (created 0600); absent keeps events in memory only.
+                db_path: Option<PathBuf> = None, ffi String, plain;
+                /// Events in memory before the oldest spill.
+                memory_capacity: u64 = 1000, ffi u64, plain;
+                /// Database + WAL, quarantine included.
+                max_disk_bytes: u64 = DEFAULT_MAX_DISK_BYTES, ffi u64, plain;
+                max_event_bytes: u64 = 32 * KIB, ffi u64, plain;
+                max_batch_events: u64 = 100, ffi u64, plain;
+                /// Counts the body before compression.
+                max_batch_bytes: u64 = 512 * KIB, ffi u64, plain;
+                /// Pause between batches while draining.
+                min_batch_interval_ms: u64 = SECOND_MS, ffi u64, plain;
+                flush_at: u64 = 20, ffi u64, plain;
+                flush_interval_ms: u64 = 30 * SECOND_MS, ffi u64, plain;
+                // The retry defaults are chosen so each knob can decide: the ceilings run 1, 2,
+                // 4, 8, then 15 s (the cap, from retry 5), so ten retries take 52 s on average
+                // and at most 105 s; the 60 s elapsed budget ends the high draws, the attempt
+                // count the low ones. A 15 s cap also means a collector back from an outage is
+                // tried again within 15 s while the episode lasts; after it, the probe takes over.
+                backoff_base_ms: u64 = SECOND_MS, ffi u64, plain;
+                backoff_cap_ms: u64 = 15 * SECOND_MS, ffi u64, plain;
+                max_auto_attempts: u32 = 10, ffi u32, plain;
+                max_retry_elapsed_ms: u64 = 60 * SECOND_MS, ffi u64, plain;
+                // First probe within a minute of the hand-over, then doubling to 15 minutes: slow
+                // enough for a fleet stuck behind a long outage, soon enough that no event waits
+                // for a person once the collector is back.
+                /// `WaitingForUser`'s slow automatic probe: ceiling of the delay before probe k is
+                /// `min(probe_cap_ms, probe_base_ms · 2^(k-1))`, full jitter (see `retry.rs`).
+                probe_base_ms: u64 = 60 * SECOND_MS, ffi u64, plain;
+                probe_cap_ms: u64 = 15 * 60 * SECOND_MS, ffi u64, plain;
+                attempt_timeout_ms: u64 = 10 * SECOND_MS, ffi u64, plain;
+                retry_after_cap_ms: u64 = 300 * SECOND_MS, ffi u64, plain;
+                /// Counted from acceptance; older events are dropped (`expired`), never sent.
+                max_event_age_ms: u64 = 7 * DAY_MS, ffi u64, plain;
+                /// Requests without an answer (timeout, connection dropped) an event may ride
+                /// before it is isolated and quarantined as `max_sends`: it ends the "retried for
+                /// ever" of an event the collector crashes on, while a flaky network rarely
+                /// reaches it.
+                max_event_sends: u32 = 10, ffi u32, plain;
+                quarantine_max_events: u64 = 10_000, ffi u64, plain;
+                quarantine_retention_ms: u64 = 30 * DAY_MS, ffi u64, plain;
+                /// `"gzip"` (default) or `"none"`.
+                compression: Compression = Compression::Gzip, ffi String, plain;
+                /// `"spill"` (default) or `"always"` (needs `db_path`).
+                durability: Durability = Durability::Spill, ffi String, plain;
+                allow_insecure_http: bool = false, ffi bool, plain;
+            }
+        }
+    };
 }
+
+/// How `Debug` shows one field of a config: as is, or (`secret`) only whether it is set.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! config_shown {
+    (plain, $value:expr) => {
+        $value
+    };
+    (secret, $value:expr) => {
+        &$crate::redacted_key($value)
+    };
+}
+
+macro_rules! define_config {
+    (
+        required { $(#[$rmeta:meta])* $req:ident: $rty:ty; }
+        optional { $( $(#[$meta:meta])* $name:ident: $ty:ty = $default:expr, ffi $fty:ty, $show:ident; )* }
+    ) => {
+        /// A validated configuration. Build it with [`Config::new`] and plain field assignment,
+        /// or [`Config::set`] by name; [`crate::EventSpool::open`] validates it again before use.
+        /// `Debug` shows whether an API key is set, never the key (configs end up in logs and
+        /// panics).
+        #[derive(Clone)]
+        #[non_exhaustive]
+        pub struct Config {
+            $(#[$rmeta])*
+            pub $req: $rty,
+            $( $(#[$meta])* pub $name: $ty, )*
+        }
+
+        /// Every name [`Config::set`] accepts, in README §Configuration order (the CLI lists them
+        /// in its help).
+        pub const CONFIG_NAMES: &[&str] = &[stringify!($req), $(stringify!($name)),*];
+
+        impl Config {
+            /// The defaults of README §Configuration with the one required field.
+            pub fn new($req: impl Into<String>) -> Config {
+                Config {
+                    $req: $req.into(),
+                    $( $name: $default, )*
+                }
+            }
+
+            /// Sets one field from its README §Configuration name and a textual value, as the
+            /// CLI and bindings do.
+            pub fn set(&mut self, name: &str, value: &str) -> Result<(), ConfigError> {
+                match name {
+                    stringify!($req) => self.$req = SettingValue::parse(name, value)?,
+                    $( stringify!($name) => self.$name = SettingValue::parse(name, value)?, )*
+                    _ => {
+                        return Err(ConfigError::new(
+                            name,
+                            format!(
+                                "unknown setting; known settings: {}",
+                                CONFIG_NAMES.join(", ")
+                            ),
+                        ));
+                    }
+                }
+                Ok(())
+            }
+        }
+
+        impl std::fmt::Debug for Config {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.debug_struct("Config")
+                    .field(stringify!($req), &self.$req)
+                    $( .field(stringify!($name), $crate::config_shown!($show, &self.$name)) )*
+                    .finish()
+            }
+        }
+    };
+}
+
+config_table!(define_config);
 
 /// How `Debug` shows an API key: whether there is one, never its text.
-pub(crate) fn redacted_key(key: &Option<String>) -> Option<&'static str> {
+#[doc(hidden)]
+pub fn redacted_key(key: &Option<String>) -> Option<&'static str> {
     key.as_ref().map(|_| "<redacted>")
 }
-
-impl std::fmt::Debug for Config {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // Destructured without `..`: a new field fails to compile here until it is shown, so
-        // the redaction cannot be bypassed by a field added later with a derive in mind.
-        let Config {
-            endpoint,
-            api_key,
-            db_path,
-            memory_capacity,
-            max_disk_bytes,
-            max_event_bytes,
-            max_batch_events,
-            max_batch_bytes,
-            min_batch_interval_ms,
-            flush_at,
-            flush_interval_ms,
-            backoff_base_ms,
-            backoff_cap_ms,
-            max_auto_attempts,
-            max_retry_elapsed_ms,
-            probe_base_ms,
-            probe_cap_ms,
-            attempt_timeout_ms,
-            retry_after_cap_ms,
-            max_event_age_ms,
-            max_event_sends,
-            quarantine_max_events,
-            quarantine_retention_ms,
-            compression,
-            durability,
-            allow_insecure_http,
-        } = self;
-        f.debug_struct("Config")
-            .field("endpoint", endpoint)
-            .field("api_key", &redacted_key(api_key))
-            .field("db_path", db_path)
-            .field("memory_capacity", memory_capacity)
-            .field("max_disk_bytes", max_disk_bytes)
-            .field("max_event_bytes", max_event_bytes)
-            .field("max_batch_events", max_batch_events)
-            .field("max_batch_bytes", max_batch_bytes)
-            .field("min_batch_interval_ms", min_batch_interval_ms)
-            .field("flush_at", flush_at)
-            .field("flush_interval_ms", flush_interval_ms)
-            .field("backoff_base_ms", backoff_base_ms)
-            .field("backoff_cap_ms", backoff_cap_ms)
-            .field("max_auto_attempts", max_auto_attempts)
-            .field("max_retry_elapsed_ms", max_retry_elapsed_ms)
-            .field("probe_base_ms", probe_base_ms)
-            .field("probe_cap_ms", probe_cap_ms)
-            .field("attempt_timeout_ms", attempt_timeout_ms)
-            .field("retry_after_cap_ms", retry_after_cap_ms)
-            .field("max_event_age_ms", max_event_age_ms)
-            .field("max_event_sends", max_event_sends)
-            .field("quarantine_max_events", quarantine_max_events)
-            .field("quarantine_retention_ms", quarantine_retention_ms)
-            .field("compression", compression)
-            .field("durability", durability)
-            .field("allow_insecure_http", allow_insecure_http)
-            .finish()
-    }
-}
-
-/// Every name [`Config::set`] accepts, in README §Configuration order (the CLI lists them in its
-/// help).
-pub const CONFIG_NAMES: &[&str] = &[
-    "endpoint",
-    "api_key",
-    "db_path",
-    "memory_capacity",
-    "max_disk_bytes",
-    "max_event_bytes",
-    "max_batch_events",
-    "max_batch_bytes",
-    "min_batch_interval_ms",
-    "flush_at",
-    "flush_interval_ms",
-    "backoff_base_ms",
-    "backoff_cap_ms",
-    "max_auto_attempts",
-    "max_retry_elapsed_ms",
-    "probe_base_ms",
-    "probe_cap_ms",
-    "attempt_timeout_ms",
-    "retry_after_cap_ms",
-    "max_event_age_ms",
-    "max_event_sends",
-    "quarantine_max_events",
-    "quarantine_retention_ms",
-    "compression",
-    "durability",
-    "allow_insecure_http",
-];
 
 /// The default `max_disk_bytes`; also the cap a store opened for triage (no config) gets.
 pub const DEFAULT_MAX_DISK_BYTES: u64 = 10 * MIB;
 
+/// How a setting's text (CLI `--set`, environment, [`Config::set`]) becomes its value; the error
+/// names the setting.
+pub trait SettingValue: Sized {
+    fn parse(name: &str, value: &str) -> Result<Self, ConfigError>;
+}
+
+impl SettingValue for String {
+    fn parse(_: &str, value: &str) -> Result<Self, ConfigError> {
+        Ok(value.to_string())
+    }
+}
+
+/// Empty text means "none".
+impl SettingValue for Option<String> {
+    fn parse(_: &str, value: &str) -> Result<Self, ConfigError> {
+        Ok(non_empty(value))
+    }
+}
+
+impl SettingValue for Option<PathBuf> {
+    fn parse(_: &str, value: &str) -> Result<Self, ConfigError> {
+        Ok(non_empty(value).map(PathBuf::from))
+    }
+}
+
+impl SettingValue for u64 {
+    fn parse(name: &str, value: &str) -> Result<Self, ConfigError> {
+        parse_u64(name, value)
+    }
+}
+
+impl SettingValue for u32 {
+    fn parse(name: &str, value: &str) -> Result<Self, ConfigError> {
+        u32::try_from(parse_u64(name, value)?)
+            .map_err(|_| ConfigError::new(name, format!("{value} is too large")))
+    }
+}
+
+impl SettingValue for bool {
+    fn parse(name: &str, value: &str) -> Result<Self, ConfigError> {
+        match value {
+            "true" | "1" | "yes" => Ok(true),
+            "false" | "0" | "no" => Ok(false),
+            _ => Err(ConfigError::new(
+                name,
+                format!("'{value}' is not true or false"),
+            )),
+        }
+    }
+}
+
+impl SettingValue for Compression {
+    fn parse(name: &str, value: &str) -> Result<Self, ConfigError> {
+        match value {
+            "none" => Ok(Compression::None),
+            "gzip" => Ok(Compression::Gzip),
+            _ => Err(ConfigError::new(
+                name,
+                format!("'{value}' is not one of: none, gzip"),
+            )),
+        }
+    }
+}
+
+impl SettingValue for Durability {
+    fn parse(name: &str, value: &str) -> Result<Self, ConfigError> {
+        match value {
+            "spill" => Ok(Durability::Spill),
+            "always" => Ok(Durability::Always),
+            _ => Err(ConfigError::new(
+                name,
+                format!("'{value}' is not one of: spill, always"),
+            )),
+        }
+    }
+}
+
 impl Config {
-    /// The defaults of README §Configuration with the one required field.
-    pub fn new(endpoint: impl Into<String>) -> Config {
-        Config {
-            endpoint: endpoint.into(),
-            api_key: None,
-            db_path: None,
-            memory_capacity: 1000,
-            max_disk_bytes: DEFAULT_MAX_DISK_BYTES,
-            max_event_bytes: 32 * KIB,
-            max_batch_events: 100,
-            max_batch_bytes: 512 * KIB,
-            min_batch_interval_ms: SECOND_MS,
-            flush_at: 20,
-            flush_interval_ms: 30 * SECOND_MS,
-            // The retry defaults are chosen so each knob can decide: the ceilings run 1, 2, 4,
-            // 8, then 15 s (the cap, from retry 5), so ten retries take 52 s on average and at
-            // most 105 s; the 60 s elapsed budget ends the high draws, the attempt count the
-            // low ones. A 15 s cap also means a collector back from an outage is tried again
-            // within 15 s while the episode lasts; after it, the probe takes over.
-            backoff_base_ms: SECOND_MS,
-            backoff_cap_ms: 15 * SECOND_MS,
-            max_auto_attempts: 10,
-            max_retry_elapsed_ms: 60 * SECOND_MS,
-            // First probe within a minute of the hand-over, then doubling to 15 minutes: slow
-            // enough for a fleet stuck behind a long outage, soon enough that no event waits for
-            // a person once the collector is back.
-            probe_base_ms: 60 * SECOND_MS,
-            probe_cap_ms: 15 * 60 * SECOND_MS,
-            attempt_timeout_ms: 10 * SECOND_MS,
-            retry_after_cap_ms: 300 * SECOND_MS,
-            max_event_age_ms: 7 * DAY_MS,
-            max_event_sends: 10,
-            quarantine_max_events: 10_000,
-            quarantine_retention_ms: 30 * DAY_MS,
-            compression: Compression::Gzip,
-            durability: Durability::Spill,
-            allow_insecure_http: false,
-        }
-    }
-
-    /// Sets one field from its README §Configuration name and a textual value, as the CLI and
-    /// bindings do.
-    pub fn set(&mut self, name: &str, value: &str) -> Result<(), ConfigError> {
-        let number = || parse_u64(name, value);
-        match name {
-            "endpoint" => self.endpoint = value.to_string(),
-            "api_key" => self.api_key = non_empty(value),
-            "db_path" => self.db_path = non_empty(value).map(PathBuf::from),
-            "memory_capacity" => self.memory_capacity = number()?,
-            "max_disk_bytes" => self.max_disk_bytes = number()?,
-            "max_event_bytes" => self.max_event_bytes = number()?,
-            "max_batch_events" => self.max_batch_events = number()?,
-            "max_batch_bytes" => self.max_batch_bytes = number()?,
-            "min_batch_interval_ms" => self.min_batch_interval_ms = number()?,
-            "flush_at" => self.flush_at = number()?,
-            "flush_interval_ms" => self.flush_interval_ms = number()?,
-            "backoff_base_ms" => self.backoff_base_ms = number()?,
-            "backoff_cap_ms" => self.backoff_cap_ms = number()?,
-            "max_auto_attempts" => {
-                self.max_auto_attempts = u32::try_from(number()?)
-                    .map_err(|_| ConfigError::new(name, format!("{value} is too large")))?
-            }
-            "max_retry_elapsed_ms" => self.max_retry_elapsed_ms = number()?,
-            "probe_base_ms" => self.probe_base_ms = number()?,
-            "probe_cap_ms" => self.probe_cap_ms = number()?,
-            "attempt_timeout_ms" => self.attempt_timeout_ms = number()?,
-            "retry_after_cap_ms" => self.retry_after_cap_ms = number()?,
-            "max_event_age_ms" => self.max_event_age_ms = number()?,
-            "max_event_sends" => {
-                self.max_event_sends = u32::try_from(number()?)
-                    .map_err(|_| ConfigError::new(name, format!("{value} is too large")))?
-            }
-            "quarantine_max_events" => self.quarantine_max_events = number()?,
-            "quarantine_retention_ms" => self.quarantine_retention_ms = number()?,
-            "compression" => {
-                self.compression = match value {
-                    "none" => Compression::None,
-                    "gzip" => Compression::Gzip,
-                    _ => {
-                        return Err(ConfigError::new(
-                            name,
-                            format!("'{value}' is not one of: none, gzip"),
-                        ));
-                    }
-                }
-            }
-            "durability" => {
-                self.durability = match value {
-                    "spill" => Durability::Spill,
-                    "always" => Durability::Always,
-                    _ => {
-                        return Err(ConfigError::new(
-                            name,
-                            format!("'{value}' is not one of: spill, always"),
-                        ));
-                    }
-                }
-            }
-            "allow_insecure_http" => {
-                self.allow_insecure_http = match value {
-                    "true" | "1" | "yes" => true,
-                    "false" | "0" | "no" => false,
-                    _ => {
-                        return Err(ConfigError::new(
-                            name,
-                            format!("'{value}' is not true or false"),
-                        ));
-                    }
-                }
-            }
-            _ => {
-                return Err(ConfigError::new(
-                    name,
-                    format!(
-                        "unknown setting; known settings: {}",
-                        CONFIG_NAMES.join(", ")
-                    ),
-                ));
-            }
-        }
-        Ok(())
-    }
-
     /// Refuses a configuration the SDK could not honour, naming the field at fault.
     pub fn validate(&self) -> Result<(), ConfigError> {
         validate_endpoint(&self.endpoint, self.allow_insecure_http)?;
@@ -527,6 +498,27 @@ mod tests {
         assert!(!text.contains("sk-live-0123456789"), "{text}");
         assert!(text.contains("api_key"), "the field is still shown: {text}");
         assert!(text.contains("https://x.example"), "{text}");
+    }
+
+    /// README §Configuration is the contract apps read: its table lists exactly the settings
+    /// the table in this file generates, in the same order.
+    #[test]
+    fn readme_table_lists_exactly_the_settings() {
+        let readme = include_str!("../README.md");
+        let section = readme
+            .split("\n## Configuration\n")
+            .nth(1)
+            .expect("README has a Configuration section");
+        let section = section.split("\n## ").next().unwrap();
+        let mut listed = Vec::new();
+        for row in section.lines().filter(|l| l.starts_with("| `")) {
+            let first_cell = row.split('|').nth(1).unwrap();
+            listed.extend(first_cell.split('`').skip(1).step_by(2));
+        }
+        assert_eq!(
+            listed, CONFIG_NAMES,
+            "README §Configuration vs config_table!"
+        );
     }
 
     #[test]

@@ -5,6 +5,7 @@ use std::fmt;
 
 /// A configuration value the SDK refuses, with the README §Configuration name of the field.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ConfigError {
     pub field: String,
     pub reason: String,
@@ -28,6 +29,7 @@ impl fmt::Display for ConfigError {
 impl std::error::Error for ConfigError {}
 
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     #[error("invalid configuration: {0}")]
     Config(#[from] ConfigError),
@@ -44,6 +46,21 @@ pub enum Error {
     /// The SQLite store failed; the text says which operation.
     #[error("storage: {0}")]
     Storage(String),
+    /// The built-in HTTP client could not be set up (TLS roots, client options); nothing was
+    /// opened. An app with its own HTTP stack passes a [`crate::Transport`] instead.
+    #[error("HTTP client: {source}")]
+    HttpClient {
+        #[source]
+        source: crate::transport::TransportError,
+    },
+    /// The operating system refused a thread or the delivery runtime at `open()` (thread limit,
+    /// out of memory); `what` names which. The spool did not open.
+    #[error("cannot start {what}: {source}")]
+    Runtime {
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("not found: {0}")]
     NotFound(String),
     /// A `track_batch` call that could not be recorded whole (more events than memory holds
@@ -70,3 +87,27 @@ impl From<rusqlite::Error> for Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+
+    use super::*;
+    use crate::transport::TransportError;
+
+    /// A failure at `open()` that is not the store's says what failed and keeps its cause.
+    #[test]
+    fn failures_at_open_name_what_failed_and_keep_their_source() {
+        let e = Error::HttpClient {
+            source: TransportError::Tls("no root certificates".into()),
+        };
+        assert_eq!(e.to_string(), "HTTP client: TLS: no root certificates");
+        assert!(e.source().is_some_and(|s| s.is::<TransportError>()));
+        let e = Error::Runtime {
+            what: "the spill thread",
+            source: std::io::Error::other("thread limit"),
+        };
+        assert_eq!(e.to_string(), "cannot start the spill thread: thread limit");
+        assert!(e.source().is_some_and(|s| s.is::<std::io::Error>()));
+    }
+}

@@ -54,6 +54,13 @@ pub struct NewEvent {
 }
 
 impl NewEvent {
+    /// Validates the event as `track()` would and returns its wire JSON (docs/protocol.md
+    /// §Events), recording nothing: what a tool checks a file of events with before sending any
+    /// of it. `now_ms` (wall clock, Unix ms) is the timestamp when the event has none.
+    pub fn to_wire_json(&self, now_ms: i64, max_event_bytes: u64) -> Result<String> {
+        prepare(self, now_ms, 0, max_event_bytes).map(|q| q.json.into())
+    }
+
     pub fn new(name: impl Into<String>, properties: Value) -> NewEvent {
         NewEvent {
             name: name.into(),

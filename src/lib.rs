@@ -13,23 +13,29 @@
 //! # Ok::<(), eventspool::Error>(())
 //! ```
 
+// The public surface is the root re-exports below, plus three modules with an API of their own:
+// `admin` (store inspection and quarantine triage without a spool, for tools like the CLI),
+// `classify` (docs/protocol.md §Responses as a pure function) and `retry` (docs/delivery.md
+// §Retry as pure functions), which simulations and fuzzers drive directly. Everything else is
+// internal and may change without notice.
 pub mod admin;
 mod buffer;
 pub mod classify;
-pub mod clock;
-pub mod config;
-pub mod error;
-pub mod event;
+pub(crate) mod clock;
+pub(crate) mod config;
+pub(crate) mod error;
+pub(crate) mod event;
 mod machine;
-pub mod quarantine;
+mod observers;
+pub(crate) mod quarantine;
 pub mod retry;
 mod shared;
-pub mod split;
+pub(crate) mod split;
 mod spool;
-pub mod state;
-pub mod stats;
+pub(crate) mod state;
+pub(crate) mod stats;
 mod store;
-pub mod transport;
+pub(crate) mod transport;
 mod wire;
 mod worker;
 
@@ -43,10 +49,18 @@ pub mod ffi;
 uniffi::setup_scaffolding!();
 
 pub use buffer::SPILL_BACKLOG_MIN;
-pub use clock::{Clock, ManualClock, SystemClock};
-pub use config::{Compression, Config, Durability};
+pub use classify::Failure;
+#[cfg(feature = "test-util")]
+pub use clock::ManualClock;
+pub use clock::{Clock, Sleep, SystemClock};
+#[doc(hidden)]
+pub use config::redacted_key;
+pub use config::{CONFIG_NAMES, Compression, Config, Durability, SettingValue};
 pub use error::{ConfigError, Error, Result};
-pub use event::{EventId, NewEvent};
+pub use event::{EventId, NewEvent, format_timestamp};
+pub use observers::ObserverHandle;
+/// The `reason` a quarantined event carries (`Selector::Reason` takes one).
+pub use quarantine::reason as quarantine_reason;
 pub use quarantine::{ListFilter, QuarantinedEvent, Selector};
 pub use spool::{EventSpool, SpoolBuilder};
 pub use state::{DeliveryObserver, DeliveryState, DeliveryStatus, Notice, PauseReason};

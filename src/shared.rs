@@ -11,6 +11,7 @@ use crate::clock::Clock;
 use crate::config::{Config, Durability};
 use crate::error::Result;
 use crate::event::{QueuedEvent, SendNote};
+use crate::observers::Observers;
 use crate::quarantine::{MemoryQuarantine, QuarantinedEvent};
 use crate::state::{DeliveryObserver, DeliveryState, DeliveryStatus, Notice};
 use crate::stats::{Counters, DropReason};
@@ -119,7 +120,7 @@ pub struct Shared {
     pub enabled: AtomicBool,
     pub state: Mutex<StateCell>,
     pub state_changed: Condvar,
-    pub observers: Mutex<Vec<Arc<dyn DeliveryObserver>>>,
+    pub observers: Arc<Observers>,
     pub spill: Mutex<SpillSignal>,
     pub spill_cv: Condvar,
     pub shutdown: tokio::sync::watch::Sender<bool>,
@@ -209,7 +210,7 @@ impl Shared {
         };
         self.state_changed.notify_all();
         if let Some(status) = status {
-            let observers = lock(&self.observers).clone();
+            let observers = self.observers.snapshot();
             for observer in observers {
                 self.observe(|| observer.on_state(&status));
             }
@@ -227,7 +228,7 @@ impl Shared {
             lock(&self.deferred_notices).push(notice);
             return;
         }
-        let observers = lock(&self.observers).clone();
+        let observers = self.observers.snapshot();
         for observer in observers {
             self.observe(|| observer.on_notice(&notice));
         }
@@ -249,7 +250,7 @@ impl Shared {
         }
         let notices = std::mem::take(&mut *lock(&self.deferred_notices));
         for notice in notices {
-            let observers = lock(&self.observers).clone();
+            let observers = self.observers.snapshot();
             for observer in observers {
                 self.observe(|| observer.on_notice(&notice));
             }

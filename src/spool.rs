@@ -13,6 +13,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::config::{Config, Durability};
 use crate::error::{ConfigError, Error, Result};
 use crate::event::{self, EventId, NewEvent, QueuedEvent};
+use crate::observers::{ObserverHandle, Observers};
 use crate::quarantine::{ListFilter, MemoryQuarantine, QuarantinedEvent, Selector};
 use crate::shared::{Control, Shared, SpillSignal, StateCell, lock};
 use crate::state::{DeliveryObserver, DeliveryState, DeliveryStatus, Notice};
@@ -40,7 +41,7 @@ pub struct SpoolBuilder {
 }
 
 impl SpoolBuilder {
-    /// Time source for timers, timestamps and ages (tests inject a [`crate::ManualClock`]).
+    /// Time source for timers, timestamps and ages (tests inject a `ManualClock`, feature `test-util`).
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = Some(clock);
         self
@@ -64,8 +65,8 @@ impl SpoolBuilder {
         self
     }
 
-    /// Seeds the retry and probe jitter, so a run on a [`crate::ManualClock`] can be replayed
-    /// exactly. Apps leave it unset: a fleet must not share one sequence of delays.
+    /// Seeds the retry and probe jitter, so a run on a `ManualClock` (feature `test-util`) can be
+    /// replayed exactly. Apps leave it unset: a fleet must not share one sequence of delays.
     pub fn jitter_seed(mut self, seed: u64) -> Self {
         self.jitter_seed = Some(seed);
         self
@@ -126,7 +127,7 @@ impl EventSpool {
             Some(t) => t,
             None => Arc::new(
                 ReqwestTransport::new()
-                    .map_err(|e: TransportError| Error::Storage(format!("HTTP client: {e}")))?,
+                    .map_err(|source: TransportError| Error::HttpClient { source })?,
             ),
         };
         let mut recovered = None;
@@ -173,7 +174,7 @@ impl EventSpool {
                 published: 0,
             }),
             state_changed: Condvar::new(),
-            observers: Mutex::new(b.observers),
+            observers: Observers::new(b.observers),
             spill: Mutex::new(SpillSignal::default()),
             spill_cv: Condvar::new(),
             shutdown,
@@ -202,7 +203,10 @@ impl EventSpool {
                     std::thread::Builder::new()
                         .name("eventspool-spill".into())
                         .spawn(move || spiller(s))
-                        .map_err(|e| Error::Storage(format!("cannot start spill thread: {e}")))?,
+                        .map_err(|source| Error::Runtime {
+                            what: "the spill thread",
+                            source,
+                        })?,
                 )
             }
             None => None,
@@ -212,7 +216,10 @@ impl EventSpool {
             .thread_name("eventspool-worker")
             .enable_all()
             .build()
-            .map_err(|e| Error::Storage(format!("cannot start worker runtime: {e}")))?;
+            .map_err(|source| Error::Runtime {
+                what: "the delivery runtime",
+                source,
+            })?;
         let (done_tx, done_rx) = std::sync::mpsc::channel();
         let s = shared.clone();
         runtime.spawn(async move {
@@ -581,8 +588,12 @@ impl EventSpool {
         self.shared().status()
     }
 
-    pub fn add_observer(&self, observer: Arc<dyn DeliveryObserver>) {
-        lock(&self.shared().observers).push(observer);
+    /// Registers another observer; it hears the next change. It stays registered while the
+    /// returned handle lives: drop it or call [`ObserverHandle::remove`] when the screen that
+    /// shows the state goes away (an observer given to [`SpoolBuilder::observer`] stays for the
+    /// spool's lifetime instead).
+    pub fn add_observer(&self, observer: Arc<dyn DeliveryObserver>) -> ObserverHandle {
+        self.shared().observers.add(observer)
     }
 
     pub fn stats(&self) -> Stats {

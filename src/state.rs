@@ -16,6 +16,7 @@
 use crate::classify::Failure;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum PauseReason {
     /// 401/403: the credentials were refused.
     Auth,
@@ -33,6 +34,7 @@ impl PauseReason {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum DeliveryState {
     Idle,
     Sending,
@@ -83,6 +85,7 @@ impl DeliveryState {
 
 /// The state plus the number of events not yet delivered: everything a status line needs.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct DeliveryStatus {
     pub state: DeliveryState,
     pub pending: u64,
@@ -138,6 +141,7 @@ impl std::fmt::Display for DeliveryStatus {
 
 /// Notices beside the state machine that an app may want to surface or log.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Notice {
     /// The store file could not be used and was moved aside to this path; a fresh one was made.
     StoreRecovered { moved_to: String, reason: String },

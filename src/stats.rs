@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
 /// Why events left without being delivered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[non_exhaustive]
 pub enum DropReason {
     /// Memory-only mode (or a store that could not keep up or was unavailable): memory was full.
     MemoryOverflow,
@@ -57,6 +58,7 @@ impl DropReason {
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Stats {
     pub tracked: u64,
     pub restored: u64,

@@ -34,7 +34,7 @@ fn rows(n: usize) -> Vec<(i64, String, String)> {
         .map(|i| {
             let id = uuid::Uuid::now_v7().to_string();
             let ts = base_ms + i as i64;
-            let json = json!({"event_id": id, "name": EVENT_NAME, "timestamp": eventspool::event::format_timestamp(ts), "properties": props}).to_string();
+            let json = json!({"event_id": id, "name": EVENT_NAME, "timestamp": eventspool::format_timestamp(ts), "properties": props}).to_string();
             (ts, id, json)
         })
         .collect()
@@ -259,7 +259,7 @@ fn drain_raw(
             .collect::<rusqlite::Result<_>>()?
     };
     drop(conn);
-    let sent_at = eventspool::event::format_timestamp(1_764_417_600_000);
+    let sent_at = eventspool::format_timestamp(1_764_417_600_000);
     let batches: Vec<Vec<u8>> = bodies
         .chunks(100)
         .map(|chunk| {

@@ -4,7 +4,7 @@
 use std::time::SystemTime;
 
 use eventspool::classify::classify;
-use eventspool::transport::HttpResponse;
+use eventspool::HttpResponse;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -2,7 +2,7 @@
 #![no_main]
 
 use eventspool::Config;
-use eventspool::config::CONFIG_NAMES;
+use eventspool::CONFIG_NAMES;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -3,7 +3,6 @@
 #![no_main]
 
 use eventspool::NewEvent;
-use eventspool::event::prepare;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -19,7 +18,7 @@ fuzz_target!(|data: &[u8]| {
     event.timestamp = parts.next().map(str::to_string);
     event.session_id = parts.next().map(str::to_string);
     let limit = [64, 1024, 32 * 1024, u64::MAX][data.len() % 4];
-    if let Ok(q) = prepare(&event, data.len() as i64, 1, limit) {
-        assert!(q.json.len() as u64 <= limit);
+    if let Ok(json) = event.to_wire_json(data.len() as i64, limit) {
+        assert!(json.len() as u64 <= limit);
     }
 });

@@ -28,7 +28,8 @@ pub use types::{
     QuarantinedEvent, SpoolNotice, SpoolStats,
 };
 
-use crate::config::Config;
+use crate::config::{Compression, Config, Durability, SettingValue};
+use crate::error::ConfigError;
 use crate::error::Error;
 use crate::quarantine::ListFilter;
 use crate::shared::lock;
@@ -52,6 +53,12 @@ pub enum SpoolError {
     ShutDown,
     #[error("storage: {reason}")]
     Storage { reason: String },
+    /// The built-in HTTP client could not be set up; pass your own `HttpTransport`.
+    #[error("HTTP client: {reason}")]
+    HttpClient { reason: String },
+    /// The system refused a thread or the delivery runtime at open; `reason` names which.
+    #[error("cannot start: {reason}")]
+    Runtime { reason: String },
     #[error("not found: {reason}")]
     NotFound { reason: String },
     /// A `track_batch` that could not be recorded whole (larger than memory without a store, or
@@ -84,6 +91,12 @@ impl From<Error> for SpoolError {
             Error::Disabled => SpoolError::TrackingDisabled,
             Error::ShutDown => SpoolError::ShutDown,
             Error::Storage(reason) => SpoolError::Storage { reason },
+            e @ Error::HttpClient { .. } => SpoolError::HttpClient {
+                reason: e.to_string(),
+            },
+            Error::Runtime { what, source } => SpoolError::Runtime {
+                reason: format!("{what}: {source}"),
+            },
             Error::NotFound(reason) => SpoolError::NotFound { reason },
             Error::BatchRefused(reason) => SpoolError::BatchRefused { reason },
             Error::NotDurable { event_ids, reason } => SpoolError::NotDurable {
@@ -116,179 +129,90 @@ fn quietly(f: impl FnOnce()) {
     }
 }
 
-/// The configuration of README §Configuration. Every field but `endpoint` is optional: absent means
-/// the documented default. `Debug` never shows the API key.
-#[derive(Clone, Default, uniffi::Record)]
-pub struct SpoolConfig {
-    pub endpoint: String,
-    #[uniffi(default)]
-    pub api_key: Option<String>,
-    /// SQLite file (created 0600); absent keeps events in memory only.
-    #[uniffi(default)]
-    pub db_path: Option<String>,
-    #[uniffi(default)]
-    pub memory_capacity: Option<u64>,
-    #[uniffi(default)]
-    pub max_disk_bytes: Option<u64>,
-    #[uniffi(default)]
-    pub max_event_bytes: Option<u64>,
-    #[uniffi(default)]
-    pub max_batch_events: Option<u64>,
-    #[uniffi(default)]
-    pub max_batch_bytes: Option<u64>,
-    #[uniffi(default)]
-    pub min_batch_interval_ms: Option<u64>,
-    #[uniffi(default)]
-    pub flush_at: Option<u64>,
-    #[uniffi(default)]
-    pub flush_interval_ms: Option<u64>,
-    #[uniffi(default)]
-    pub backoff_base_ms: Option<u64>,
-    #[uniffi(default)]
-    pub backoff_cap_ms: Option<u64>,
-    #[uniffi(default)]
-    pub max_auto_attempts: Option<u32>,
-    #[uniffi(default)]
-    pub max_retry_elapsed_ms: Option<u64>,
-    #[uniffi(default)]
-    pub probe_base_ms: Option<u64>,
-    #[uniffi(default)]
-    pub probe_cap_ms: Option<u64>,
-    #[uniffi(default)]
-    pub attempt_timeout_ms: Option<u64>,
-    #[uniffi(default)]
-    pub retry_after_cap_ms: Option<u64>,
-    #[uniffi(default)]
-    pub max_event_age_ms: Option<u64>,
-    /// Sends without an answer before an event is quarantined as `max_sends` (default 10).
-    #[uniffi(default)]
-    pub max_event_sends: Option<u32>,
-    #[uniffi(default)]
-    pub quarantine_max_events: Option<u64>,
-    #[uniffi(default)]
-    pub quarantine_retention_ms: Option<u64>,
-    /// `"gzip"` (default) or `"none"`.
-    #[uniffi(default)]
-    pub compression: Option<String>,
-    /// `"spill"` (default) or `"always"`.
-    #[uniffi(default)]
-    pub durability: Option<String>,
-    #[uniffi(default)]
-    pub allow_insecure_http: Option<bool>,
+/// Generates the FFI config record from the one table of settings (`config_table!` in
+/// config.rs): every field but the required one is optional, absent meaning the default.
+macro_rules! define_spool_config {
+    (
+        required { $(#[$rmeta:meta])* $req:ident: $rty:ty; }
+        optional { $( $(#[$meta:meta])* $name:ident: $ty:ty = $default:expr, ffi $fty:ty, $show:ident; )* }
+    ) => {
+        /// The configuration of README §Configuration. Every field but `endpoint` is optional:
+        /// absent means the documented default. `Debug` never shows the API key.
+        #[derive(Clone, Default, uniffi::Record)]
+        pub struct SpoolConfig {
+            $(#[$rmeta])*
+            pub $req: $rty,
+            $( $(#[$meta])* #[uniffi(default)] pub $name: Option<$fty>, )*
+        }
+
+        impl std::fmt::Debug for SpoolConfig {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.debug_struct("SpoolConfig")
+                    .field(stringify!($req), &self.$req)
+                    $( .field(stringify!($name), $crate::config_shown!($show, &self.$name)) )*
+                    .finish()
+            }
+        }
+
+        impl TryFrom<SpoolConfig> for Config {
+            type Error = SpoolError;
+
+            fn try_from(r: SpoolConfig) -> Result<Config, SpoolError> {
+                let mut c = Config::new(r.$req);
+                $(
+                    if let Some(v) = r.$name {
+                        c.$name = FromRecord::from_record(stringify!($name), v)
+                            .map_err(|e| SpoolError::from(Error::from(e)))?;
+                    }
+                )*
+                c.validate().map_err(|e| SpoolError::from(Error::from(e)))?;
+                Ok(c)
+            }
+        }
+    };
 }
 
-impl std::fmt::Debug for SpoolConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // Destructured without `..`, so a new field must be placed here (and thought about).
-        let SpoolConfig {
-            endpoint,
-            api_key,
-            db_path,
-            memory_capacity,
-            max_disk_bytes,
-            max_event_bytes,
-            max_batch_events,
-            max_batch_bytes,
-            min_batch_interval_ms,
-            flush_at,
-            flush_interval_ms,
-            backoff_base_ms,
-            backoff_cap_ms,
-            max_auto_attempts,
-            max_retry_elapsed_ms,
-            probe_base_ms,
-            probe_cap_ms,
-            attempt_timeout_ms,
-            retry_after_cap_ms,
-            max_event_age_ms,
-            max_event_sends,
-            quarantine_max_events,
-            quarantine_retention_ms,
-            compression,
-            durability,
-            allow_insecure_http,
-        } = self;
-        f.debug_struct("SpoolConfig")
-            .field("endpoint", endpoint)
-            .field("api_key", &crate::config::redacted_key(api_key))
-            .field("db_path", db_path)
-            .field("memory_capacity", memory_capacity)
-            .field("max_disk_bytes", max_disk_bytes)
-            .field("max_event_bytes", max_event_bytes)
-            .field("max_batch_events", max_batch_events)
-            .field("max_batch_bytes", max_batch_bytes)
-            .field("min_batch_interval_ms", min_batch_interval_ms)
-            .field("flush_at", flush_at)
-            .field("flush_interval_ms", flush_interval_ms)
-            .field("backoff_base_ms", backoff_base_ms)
-            .field("backoff_cap_ms", backoff_cap_ms)
-            .field("max_auto_attempts", max_auto_attempts)
-            .field("max_retry_elapsed_ms", max_retry_elapsed_ms)
-            .field("probe_base_ms", probe_base_ms)
-            .field("probe_cap_ms", probe_cap_ms)
-            .field("attempt_timeout_ms", attempt_timeout_ms)
-            .field("retry_after_cap_ms", retry_after_cap_ms)
-            .field("max_event_age_ms", max_event_age_ms)
-            .field("max_event_sends", max_event_sends)
-            .field("quarantine_max_events", quarantine_max_events)
-            .field("quarantine_retention_ms", quarantine_retention_ms)
-            .field("compression", compression)
-            .field("durability", durability)
-            .field("allow_insecure_http", allow_insecure_http)
-            .finish()
+crate::config_table!(define_spool_config);
+
+/// How a value the app put in [`SpoolConfig`] becomes the core setting. Numbers and flags pass
+/// through; the textual enums go through the parser the CLI uses, so the error names the field.
+trait FromRecord<F>: Sized {
+    fn from_record(name: &str, value: F) -> Result<Self, ConfigError>;
+}
+
+macro_rules! passes_through {
+    ($($t:ty),*) => {
+        $(impl FromRecord<$t> for $t {
+            fn from_record(_: &str, value: $t) -> Result<Self, ConfigError> {
+                Ok(value)
+            }
+        })*
+    };
+}
+passes_through!(u64, u32, bool);
+
+/// An API key is taken as given (an empty one is refused by validation, not made "none").
+impl FromRecord<String> for Option<String> {
+    fn from_record(_: &str, value: String) -> Result<Self, ConfigError> {
+        Ok(Some(value))
     }
 }
 
-impl TryFrom<SpoolConfig> for Config {
-    type Error = SpoolError;
+impl FromRecord<String> for Option<PathBuf> {
+    fn from_record(_: &str, value: String) -> Result<Self, ConfigError> {
+        Ok(Some(PathBuf::from(value)))
+    }
+}
 
-    fn try_from(r: SpoolConfig) -> Result<Config, SpoolError> {
-        let mut c = Config::new(r.endpoint);
-        c.api_key = r.api_key;
-        c.db_path = r.db_path.map(PathBuf::from);
-        let numbers: [(&mut u64, Option<u64>); 18] = [
-            (&mut c.memory_capacity, r.memory_capacity),
-            (&mut c.max_disk_bytes, r.max_disk_bytes),
-            (&mut c.max_event_bytes, r.max_event_bytes),
-            (&mut c.max_batch_events, r.max_batch_events),
-            (&mut c.max_batch_bytes, r.max_batch_bytes),
-            (&mut c.min_batch_interval_ms, r.min_batch_interval_ms),
-            (&mut c.flush_at, r.flush_at),
-            (&mut c.flush_interval_ms, r.flush_interval_ms),
-            (&mut c.backoff_base_ms, r.backoff_base_ms),
-            (&mut c.backoff_cap_ms, r.backoff_cap_ms),
-            (&mut c.max_retry_elapsed_ms, r.max_retry_elapsed_ms),
-            (&mut c.probe_base_ms, r.probe_base_ms),
-            (&mut c.probe_cap_ms, r.probe_cap_ms),
-            (&mut c.attempt_timeout_ms, r.attempt_timeout_ms),
-            (&mut c.retry_after_cap_ms, r.retry_after_cap_ms),
-            (&mut c.max_event_age_ms, r.max_event_age_ms),
-            (&mut c.quarantine_max_events, r.quarantine_max_events),
-            (&mut c.quarantine_retention_ms, r.quarantine_retention_ms),
-        ];
-        for (field, value) in numbers {
-            if let Some(v) = value {
-                *field = v;
-            }
-        }
-        if let Some(v) = r.max_auto_attempts {
-            c.max_auto_attempts = v;
-        }
-        if let Some(v) = r.max_event_sends {
-            c.max_event_sends = v;
-        }
-        if let Some(v) = r.allow_insecure_http {
-            c.allow_insecure_http = v;
-        }
-        // The textual settings go through the one parser the CLI uses, so the error names the field.
-        for (name, value) in [("compression", r.compression), ("durability", r.durability)] {
-            if let Some(v) = value {
-                c.set(name, &v)
-                    .map_err(|e| SpoolError::from(Error::from(e)))?;
-            }
-        }
-        c.validate().map_err(|e| SpoolError::from(Error::from(e)))?;
-        Ok(c)
+impl FromRecord<String> for Compression {
+    fn from_record(name: &str, value: String) -> Result<Self, ConfigError> {
+        SettingValue::parse(name, &value)
+    }
+}
+
+impl FromRecord<String> for Durability {
+    fn from_record(name: &str, value: String) -> Result<Self, ConfigError> {
+        SettingValue::parse(name, &value)
     }
 }
 
@@ -485,12 +409,21 @@ impl EventSpool {
         }
     }
 
-    /// Registers another observer; it hears the next change.
-    pub fn add_observer(&self, observer: Arc<dyn DeliveryObserver>) {
+    /// Registers another observer; it hears the next change. It stays registered while the
+    /// returned handle lives: `remove()` it (Kotlin: `close()`, e.g. in `onDestroy`) or let it
+    /// be collected, and the spool lets go of the observer. After `shutdown` nothing is
+    /// registered and the handle does nothing.
+    pub fn add_observer(&self, observer: Arc<dyn DeliveryObserver>) -> Arc<ObserverHandle> {
         let errors = self.callback_errors.clone();
-        self.verb(|core| {
-            core.add_observer(Arc::new(foreign::ObserverAdapter { observer, errors }))
+        let inner = self.core().and_then(|core| {
+            catch_unwind(AssertUnwindSafe(|| {
+                core.add_observer(Arc::new(foreign::ObserverAdapter { observer, errors }))
+            }))
+            .ok()
         });
+        Arc::new(ObserverHandle {
+            inner: Mutex::new(inner),
+        })
     }
 
     /// Blocks up to `timeout_ms` until nothing is pending and delivery is idle. For scripts,
@@ -557,6 +490,26 @@ impl EventSpool {
     /// Deletes quarantined events for good; returns how many.
     pub fn quarantine_purge(&self, selector: QuarantineSelector) -> Result<u64, SpoolError> {
         self.with_core(|core| core.quarantine_purge(&selector.into()))
+    }
+}
+
+/// What `add_observer` returns. Dropping it (Kotlin `close()`, Swift or Python releasing the
+/// last reference, or the foreign GC collecting it) or calling `remove()` unregisters the
+/// observer, and the spool drops its reference to the foreign object.
+#[derive(uniffi::Object)]
+pub struct ObserverHandle {
+    inner: Mutex<Option<crate::ObserverHandle>>,
+}
+
+#[uniffi::export]
+impl ObserverHandle {
+    /// Unregisters the observer now; no call to it begins after this returns. Safe from inside
+    /// its own callback; calling it again does nothing.
+    pub fn remove(&self) {
+        // Taken out of the lock first: dropping the core handle releases the foreign observer,
+        // which runs foreign code.
+        let inner = lock(&self.inner).take();
+        quietly(|| drop(inner));
     }
 }
 
@@ -715,6 +668,83 @@ mod tests {
                 "{len}"
             );
         }
+    }
+
+    #[test]
+    fn open_failures_keep_their_kind_across_the_ffi() {
+        let e = SpoolError::from(Error::HttpClient {
+            source: crate::TransportError::Tls("no roots".into()),
+        });
+        assert_eq!(
+            e,
+            SpoolError::HttpClient {
+                reason: "HTTP client: TLS: no roots".into()
+            }
+        );
+        let e = SpoolError::from(Error::Runtime {
+            what: "the delivery runtime",
+            source: std::io::Error::other("out of memory"),
+        });
+        assert_eq!(
+            e,
+            SpoolError::Runtime {
+                reason: "the delivery runtime: out of memory".into()
+            }
+        );
+    }
+
+    /// The FFI handle is what a Kotlin/Swift/Python app holds: removing or dropping it must
+    /// release the spool's reference to the foreign observer, or the foreign GC can never
+    /// collect it (nor the screen it captures).
+    #[test]
+    fn the_ffi_handle_releases_the_foreign_observer() {
+        struct Quiet;
+        impl foreign::DeliveryObserver for Quiet {
+            fn on_state(&self, _: DeliveryStatus) -> Result<(), foreign::ObserverError> {
+                Ok(())
+            }
+            fn on_notice(&self, _: SpoolNotice) -> Result<(), foreign::ObserverError> {
+                Ok(())
+            }
+        }
+        let config = SpoolConfig {
+            endpoint: "http://127.0.0.1:9/b".into(),
+            ..Default::default()
+        };
+        let spool = EventSpool::new(config, None, None, true).unwrap();
+        let (removed, dropped): (Arc<dyn DeliveryObserver>, Arc<dyn DeliveryObserver>) =
+            (Arc::new(Quiet), Arc::new(Quiet));
+        let removed_handle = spool.add_observer(removed.clone());
+        let dropped_handle = spool.add_observer(dropped.clone());
+        assert_eq!(
+            (Arc::strong_count(&removed), Arc::strong_count(&dropped)),
+            (2, 2),
+            "registered: the spool holds each"
+        );
+        removed_handle.remove();
+        removed_handle.remove();
+        drop(dropped_handle);
+        // A state being told on the worker thread as the handles went may hold the entries a
+        // moment longer: wait for the release, bounded.
+        let released = |o: &Arc<dyn DeliveryObserver>| {
+            (0..500).any(|_| {
+                let done = Arc::strong_count(o) == 1;
+                if !done {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                done
+            })
+        };
+        assert!(
+            released(&removed) && released(&dropped),
+            "the spool let go of both"
+        );
+        spool.shutdown(1_000).unwrap();
+        // After shutdown nothing is registered; the handle is inert.
+        let late: Arc<dyn DeliveryObserver> = Arc::new(Quiet);
+        let handle = spool.add_observer(late.clone());
+        assert_eq!(Arc::strong_count(&late), 1);
+        handle.remove();
     }
 
     #[test]

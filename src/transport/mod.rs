@@ -41,7 +41,7 @@ pub struct HttpRequest {
     pub body: Vec<u8>,
     /// The whole attempt must finish within this; the worker enforces it too.
     pub timeout: Duration,
-    /// Read at most this many bytes of the answer ([`response_bound`] of the batch); a transport
+    /// Read at most this many bytes of the answer (`response_bound` of the batch); a transport
     /// that stops there sets [`HttpResponse::truncated`].
     pub max_response_bytes: usize,
 }
@@ -87,6 +87,7 @@ impl HttpResponse {
 /// and `Io` after the body was sent mean the collector may have stored the batch, so the resend
 /// carries the same `event_id`s.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum TransportError {
     #[error("could not connect: {0}")]
     Connect(String),

@@ -35,7 +35,7 @@ fn an_observer_may_call_every_verb_from_on_state() {
         let spool = EventSpool::builder(c).start_offline().open().unwrap();
         let (observer, rx) = Reentrant::new(false);
         observer.spool.set(spool.clone()).ok().unwrap();
-        spool.add_observer(observer.clone());
+        let _observer = spool.add_observer(observer.clone());
         spool.track("before", json!({})).unwrap();
         spool.set_online(true);
         let what = observer.assert_returned(&rx, Duration::from_secs(30));

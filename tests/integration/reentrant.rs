@@ -49,7 +49,9 @@ pub fn call_every_verb(spool: &EventSpool, progress: &Mutex<String>) {
     step("set_enabled");
     spool.set_enabled(true);
     step("add_observer");
-    spool.add_observer(Arc::new(|_: &DeliveryStatus| {}));
+    let added = spool.add_observer(Arc::new(|_: &DeliveryStatus| {}));
+    step("remove observer");
+    added.remove();
     step("wait_drained");
     let _ = spool.wait_drained(Duration::ZERO);
     step("shutdown");

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use eventspool::collector::{Behavior, Scripted};
-use eventspool::quarantine::reason;
+use eventspool::quarantine_reason as reason;
 use eventspool::{Compression, DeliveryState, ManualClock, PauseReason};
 use serde_json::json;
 

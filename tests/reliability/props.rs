@@ -4,11 +4,8 @@
 use std::time::{Duration, SystemTime};
 
 use eventspool::classify::{Outcome, classify};
-use eventspool::config::CONFIG_NAMES;
-use eventspool::event::prepare;
 use eventspool::retry::parse_retry_after;
-use eventspool::transport::{HttpResponse, TransportError};
-use eventspool::{Config, NewEvent};
+use eventspool::{CONFIG_NAMES, Config, HttpResponse, NewEvent, TransportError};
 use proptest::prelude::*;
 
 /// Strings that are mostly plausible and sometimes hostile.
@@ -58,9 +55,9 @@ proptest! {
         e.event_id = id;
         e.timestamp = ts;
         e.session_id = session;
-        if let Ok(q) = prepare(&e, now, 1, max) {
-            prop_assert!(q.json.len() as u64 <= max, "{} bytes over {max}", q.json.len());
-            prop_assert!(serde_json::from_str::<serde_json::Value>(&q.json).is_ok());
+        if let Ok(json) = e.to_wire_json(now, max) {
+            prop_assert!(json.len() as u64 <= max, "{} bytes over {max}", json.len());
+            prop_assert!(serde_json::from_str::<serde_json::Value>(&json).is_ok());
         }
     }
 
@@ -68,7 +65,7 @@ proptest! {
     #[test]
     fn property_strings_from_bindings_never_panic(raw in prop_oneof![".{0,200}", json_value().prop_map(|v| v.to_string())]) {
         if let Ok(v) = serde_json::from_str::<serde_json::Value>(&raw) {
-            let _ = prepare(&NewEvent::new("e", v), 0, 1, 32 * 1024);
+            let _ = NewEvent::new("e", v).to_wire_json(0, 32 * 1024);
         }
     }
 

@@ -457,7 +457,7 @@ fn an_observer_may_call_every_verb_from_on_notice() {
         let spool = EventSpool::builder(c).start_offline().open().unwrap();
         let (observer, rx) = Reentrant::new(true);
         observer.spool.set(spool.clone()).ok().unwrap();
-        spool.add_observer(observer.clone());
+        let _observer = spool.add_observer(observer.clone());
         spool.track("before", json!({})).unwrap();
         let filler = fill(fs.path());
         // Overflow reaches the spill thread (or, with `always`, every event does); the store

@@ -284,7 +284,7 @@ fn story(args: &DemoArgs, pace: &Pace, screen: &mut Screen) -> CmdResult {
     // Every published state arrives here, so a retry that came and went between two ticks
     // is still shown (polling `state()` alone can miss a short first backoff).
     let (states, published) = mpsc::channel::<DeliveryStatus>();
-    spool.add_observer(Arc::new(move |status: &DeliveryStatus| {
+    let _states = spool.add_observer(Arc::new(move |status: &DeliveryStatus| {
         let _ = states.send(status.clone());
     }));
     spool.set_online(true);
@@ -502,7 +502,7 @@ fn pause(screen: &mut Screen, beat: Duration) -> Option<Key> {
 }
 
 /// The gist of a failure for a status line ("could not connect", "HTTP 503").
-fn short(failure: &eventspool::classify::Failure) -> String {
+fn short(failure: &eventspool::Failure) -> String {
     match failure.status {
         Some(status) => format!("HTTP {status}"),
         None => failure

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use clap::{Args, Subcommand};
 use eventspool::admin::{self, StoreAdmin};
-use eventspool::event::format_timestamp;
+use eventspool::format_timestamp;
 use eventspool::{ListFilter, QuarantinedEvent, Selector};
 use serde_json::{Value, json};
 

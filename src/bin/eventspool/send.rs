@@ -68,7 +68,8 @@ fn read_events(input: &PathBuf, max_event_bytes: u64) -> Result<Vec<NewEvent>, F
         else {
             continue;
         };
-        eventspool::event::prepare(&event, now, 0, max_event_bytes)
+        event
+            .to_wire_json(now, max_event_bytes)
             .map_err(|e| Failure::bad_input(format!("line {number}: {e}")))?;
         events.push(event);
     }

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use eventspool::event::format_timestamp;
+use eventspool::format_timestamp;
 use serde_json::json;
 
 use crate::{CmdResult, EXIT_OK, Failure, print_json};

@@ -1,6 +1,8 @@
 package eventspool
 
+import java.lang.ref.WeakReference
 import java.nio.file.Path
+import java.util.concurrent.atomic.AtomicInteger
 import org.junit.jupiter.api.AfterEach
 import org.junit.jupiter.api.Assertions.assertEquals
 import org.junit.jupiter.api.Assertions.assertTrue
@@ -8,10 +10,14 @@ import org.junit.jupiter.api.BeforeEach
 import org.junit.jupiter.api.Test
 import org.junit.jupiter.api.assertThrows
 import org.junit.jupiter.api.io.TempDir
+import uniffi.eventspool.DeliveryObserver
 import uniffi.eventspool.DeliveryState
+import uniffi.eventspool.DeliveryStatus
 import uniffi.eventspool.EventSpool
 import uniffi.eventspool.NewEvent
+import uniffi.eventspool.ObserverHandle
 import uniffi.eventspool.SpoolException
+import uniffi.eventspool.SpoolNotice
 
 /** The Kotlin bindings against the real library (JNA) and a real collector process. */
 class EventSpoolTest {
@@ -174,6 +180,51 @@ class EventSpoolTest {
             spool.flush()
             assertTrue(spool.waitDrained(20_000uL))
             assertEquals(1L, collector.distinct())
+        }
+    }
+
+    /** An observer only its registration references (as a screen's would be once it closed). */
+    private class Counting(private val calls: AtomicInteger) : DeliveryObserver {
+        override fun onState(status: DeliveryStatus) { calls.incrementAndGet() }
+        override fun onNotice(notice: SpoolNotice) {}
+    }
+
+    /** Registers one; neither the observer nor (when `keep` is false) its handle stays reachable here. */
+    private fun register(spool: EventSpool, calls: AtomicInteger, keep: Boolean): Pair<WeakReference<DeliveryObserver>, ObserverHandle?> {
+        val observer = Counting(calls)
+        val handle = spool.addObserver(observer)
+        return WeakReference<DeliveryObserver>(observer) to handle.takeIf { keep }
+    }
+
+    @Test
+    fun `an observer is let go once its handle is closed or collected`() {
+        EventSpool(fastConfig(collector.url, db), startOffline = true).use { spool ->
+            val closedCalls = AtomicInteger()
+            val (closed, closedHandle) = register(spool, closedCalls, keep = true)
+            val (collected, _) = register(spool, AtomicInteger(), keep = false)
+            val kept = Recorder() // registered last: once it heard a change, the others did
+            spool.addObserver(kept).use {
+                spool.track("a", "{}")
+                spool.dismiss() // wakes the worker, which shows the new pending count
+                assertTrue(waitUntil { kept.statuses.any { it.pending == 1uL } })
+                assertTrue(closedCalls.get() > 0, "it was registered")
+
+                closedHandle!!.close()
+                val told = closedCalls.get()
+                // The closed one at once, the forgotten one once the GC cleaned its handle: the
+                // spool holds neither, so both can be collected.
+                assertTrue(
+                    waitUntil { System.gc(); closed.get() == null && collected.get() == null },
+                    "still reachable: closed=${closed.get() != null} collected=${collected.get() != null}",
+                )
+                val keptBefore = kept.statuses.size
+                spool.track("b", "{}")
+                spool.setOnline(true)
+                assertTrue(spool.waitDrained(20_000uL))
+                assertTrue(waitUntil { kept.statuses.drop(keptBefore).any { it.state is DeliveryState.Idle } })
+                assertEquals(told, closedCalls.get(), "told after close")
+                assertEquals(2L, collector.distinct())
+            }
         }
     }
 }

@@ -14,20 +14,19 @@
 //! ```
 
 pub mod admin;
-mod buffer;
 pub mod classify;
 pub mod clock;
 pub mod config;
 pub mod error;
 pub mod event;
 pub mod quarantine;
+mod queue;
 pub mod retry;
 mod shared;
 pub mod split;
 mod spool;
 pub mod state;
 pub mod stats;
-mod store;
 pub mod transport;
 mod wire;
 mod worker;
@@ -41,7 +40,7 @@ pub mod ffi;
 #[cfg(feature = "ffi")]
 uniffi::setup_scaffolding!();
 
-pub use buffer::SPILL_BACKLOG_MIN;
+pub use queue::SPILL_BACKLOG_MIN;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{Compression, Config, Durability};
 pub use error::{ConfigError, Error, Result};
@@ -50,5 +49,5 @@ pub use quarantine::{ListFilter, QuarantinedEvent, Selector};
 pub use spool::{EventSpool, SpoolBuilder};
 pub use state::{DeliveryObserver, DeliveryState, DeliveryStatus, Notice, PauseReason};
 pub use stats::{DropReason, Stats};
-pub use store::disk_usage;
+pub use queue::disk_usage;
 pub use transport::{HttpRequest, HttpResponse, Transport, TransportError};

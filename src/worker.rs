@@ -8,11 +8,11 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime};
 
 use crate::classify::{Failure, Outcome, classify};
-use crate::config::{BATCH_OVERHEAD_BYTES, Compression, Durability};
+use crate::config::{BATCH_OVERHEAD_BYTES, Compression};
 use crate::event::{QueuedEvent, SendNote};
 use crate::quarantine::{QuarantinedEvent, reason};
 use crate::retry::{AfterFailure, Episode, after_failure, next_delay_ms, probe_delay_ms};
-use crate::shared::{Control, Shared, lock, seqs_by_origin};
+use crate::shared::{Control, Shared, lock};
 use crate::split::{LoneRefusal, SizeLimit, Split};
 use crate::state::{DeliveryState, Notice, PauseReason};
 use crate::stats::{DropReason, Exit};
@@ -415,17 +415,7 @@ impl Worker {
     fn expire_queue(&mut self) {
         let s = &self.s;
         let cutoff = self.age_cutoff(self.s.clock.wall_ms());
-        let mut gone = s.buffer.lock().expire(cutoff);
-        s.counters.drop(DropReason::Expired, gone.len() as u64);
-        if let Some(store) = &s.store {
-            match store.expire(cutoff) {
-                Ok(ids) => {
-                    s.counters.drop(DropReason::Expired, ids.len() as u64);
-                    gone.extend(ids);
-                }
-                Err(e) => tracing::warn!(error = %e, "expiring stored events failed"),
-            }
-        }
+        let gone = s.queue.expire(cutoff);
         self.announce_dropped(DropReason::Expired, gone.iter().map(|id| id.to_string()));
     }
 
@@ -448,7 +438,7 @@ impl Worker {
         if !left {
             self.work.pop_front();
         }
-        if let Err(e) = self.s.drop_expired(&expired) {
+        if let Err(e) = self.s.queue.drop_expired(&expired) {
             tracing::error!(error = %e, "could not delete expired events from the store");
         }
         self.announce_dropped(
@@ -478,7 +468,7 @@ impl Worker {
         for (event, _) in &mut batch.events {
             note.apply(event);
         }
-        if let Err(e) = self.s.note_sends(&batch.events, note) {
+        if let Err(e) = self.s.queue.note_sends(&batch.events, note) {
             tracing::warn!(error = %e, "could not record the send counts");
         }
     }
@@ -486,69 +476,16 @@ impl Worker {
     /// Takes the next batch in delivery order from memory and store together.
     fn assemble(&mut self) -> Option<Batch> {
         let s = &self.s;
-        // Held while the batch is picked, so a spill in progress (events in neither memory nor
-        // the store yet) finishes first. Events still waiting to spill are read from memory,
-        // except with `durability = always`: there a caller is waiting for them to reach the
-        // disk, so they are committed first and read from the store.
-        let _guard = s.spill_lock.lock();
-        let always = s.config.durability == Durability::Always;
-        if always && let Err(e) = s.spill_locked() {
-            tracing::warn!(error = %e, "spill before batch failed; sending what is stored");
-        }
         let limit = s.config.max_batch_events as usize;
-        let from_store = match &s.store {
-            Some(store) => store.oldest(limit).unwrap_or_else(|e| {
-                tracing::warn!(error = %e, "reading the store failed; sending from memory");
-                Vec::new()
-            }),
-            None => Vec::new(),
-        };
-        let mut buffer = s.buffer.lock();
         // The first event is always taken, so a limit learned below one event still sends.
         let room = self
             .size_limit
             .bytes()
             .min(s.config.max_batch_bytes)
             .saturating_sub(BATCH_OVERHEAD_BYTES);
-        let mut picked: Vec<(QueuedEvent, bool)> = Vec::new();
-        let mut memory_keys = Vec::new();
-        let mut bytes = 0u64;
-        {
-            let mut disk = from_store.into_iter().peekable();
-            let mut memory = buffer.peek(limit, !always).peekable();
-            while picked.len() < limit {
-                let take_disk = match (disk.peek(), memory.peek()) {
-                    (Some(d), Some(m)) => d.key() <= m.key(),
-                    (Some(_), None) => true,
-                    (None, Some(_)) => false,
-                    (None, None) => break,
-                };
-                let size = if take_disk {
-                    disk.peek().map(QueuedEvent::bytes)
-                } else {
-                    memory.peek().map(|m| m.bytes())
-                };
-                let size = size.unwrap_or(0) + 1;
-                if !picked.is_empty() && bytes + size > room {
-                    break;
-                }
-                bytes += size;
-                if take_disk {
-                    if let Some(event) = disk.next() {
-                        picked.push((event, true));
-                    }
-                } else if let Some(event) = memory.next() {
-                    memory_keys.push(event.key());
-                    picked.push((event.clone(), false));
-                }
-            }
-        }
+        let picked = s.queue.next_batch(limit, room);
         if picked.is_empty() {
             return None;
-        }
-        buffer.lease(&memory_keys);
-        if let Some(store) = &s.store {
-            store.lease(&seqs_by_origin(&picked).1);
         }
         Some(Batch::new(picked))
     }
@@ -568,7 +505,7 @@ impl Worker {
         for (event, _) in &mut batch.events {
             SendNote::Sending.apply(event);
         }
-        if let Err(e) = s.note_sends(&batch.events, SendNote::Sending) {
+        if let Err(e) = s.queue.note_sends(&batch.events, SendNote::Sending) {
             tracing::warn!(error = %e, "could not record the send counts");
         }
         let mut body = wire::batch_body(batch.events.iter().map(|(e, _)| &*e.json), wall_ms);
@@ -794,7 +731,7 @@ impl Worker {
             return;
         }
         let n = events.len() as u64;
-        if let Err(e) = self.s.remove_from_queue(&events) {
+        if let Err(e) = self.s.queue.ack(&events) {
             tracing::error!(error = %e, "could not delete delivered events; they may be sent again");
         }
         self.s.counters.left(Exit::Delivered, n);
@@ -820,16 +757,17 @@ impl Worker {
             .collect();
         if let Err(e) = self
             .s
-            .add_to_quarantine(entries, &seqs_by_origin(&events).1)
+            .queue
+            .quarantine(entries, &events, now)
         {
             // Without a place to keep them, they stay queued rather than vanish.
             tracing::error!(error = %e, "could not quarantine events; keeping them queued");
-            self.s.return_to_queue(&events);
+            self.s.queue.release(&events);
             return;
         }
         let n = events.len() as u64;
         tracing::warn!(events = n, reason = why, status = ?status, "events quarantined");
-        if let Err(e) = self.s.remove_from_queue(&events) {
+        if let Err(e) = self.s.queue.ack(&events) {
             tracing::error!(error = %e, "could not remove quarantined events from the queue");
         }
         self.s.counters.left(Exit::Quarantined, n);
@@ -924,15 +862,11 @@ impl Worker {
             .chain(self.work.drain(..))
             .flat_map(|b| b.events)
             .collect();
-        self.s.return_to_queue(&events);
+        self.s.queue.release(&events);
     }
 
     /// After a restart of the worker (a caught panic), nothing is in flight any more.
     fn recover_leases(&mut self) {
-        let _guard = self.s.spill_lock.lock();
-        self.s.buffer.lock().release_all();
-        if let Some(store) = &self.s.store {
-            store.release_all();
-        }
+        self.s.queue.release_all();
     }
 }

@@ -84,6 +84,8 @@ pub struct Store {
     leased: Mutex<Vec<u64>>,
     /// The owner's lock; `None` once given up by [`Store::release_ownership`].
     lock: Mutex<Option<File>>,
+    /// Transactions that wrote queued events: group commit is visible in it.
+    insert_transactions: AtomicU64,
 }
 
 /// A store as opened: the file may have been moved aside and replaced.
@@ -146,6 +148,7 @@ impl Store {
             rows: AtomicU64::new(rows),
             leased: Mutex::new(Vec::new()),
             lock: Mutex::new(Some(lock)),
+            insert_transactions: AtomicU64::new(0),
         }
     }
 
@@ -224,6 +227,12 @@ impl Store {
         self.rows.load(Ordering::Relaxed)
     }
 
+    /// Transactions [`Store::insert`] committed so far.
+    #[cfg(test)]
+    pub fn insert_transactions(&self) -> u64 {
+        self.insert_transactions.load(Ordering::Relaxed)
+    }
+
     /// Counts rows that left the table (never below zero).
     fn forget_rows(&self, n: u64) {
         self.rows.fetch_sub(n.min(self.len()), Ordering::Relaxed);
@@ -276,6 +285,7 @@ impl Store {
             }
             let (evicted, evicted_quarantine) = self.enforce_cap(&tx, &leased)?;
             tx.commit()?;
+            self.insert_transactions.fetch_add(1, Ordering::Relaxed);
             report.evicted += evicted;
             report.evicted_quarantine += evicted_quarantine;
             self.checkpoint_if_needed(&conn)?;

@@ -16,7 +16,7 @@ use rusqlite::{Connection, OpenFlags};
 
 use crate::error::{Error, Result};
 use crate::quarantine::{ListFilter, QuarantinedEvent, Selector};
-use crate::queue::{Queue, QueueParams, QuarantineSql, schema};
+use crate::queue::{QuarantineSql, Queue, QueueParams, schema};
 
 /// How long [`inspect`] waits for a writer to finish a transaction before giving up. A spool's
 /// transactions are bounded in size, so this is generous.

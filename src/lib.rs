@@ -40,14 +40,14 @@ pub mod ffi;
 #[cfg(feature = "ffi")]
 uniffi::setup_scaffolding!();
 
-pub use queue::SPILL_BACKLOG_MIN;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{Compression, Config, Durability};
 pub use error::{ConfigError, Error, Result};
 pub use event::{EventId, NewEvent};
 pub use quarantine::{ListFilter, QuarantinedEvent, Selector};
+pub use queue::SPILL_BACKLOG_MIN;
+pub use queue::disk_usage;
 pub use spool::{EventSpool, SpoolBuilder};
 pub use state::{DeliveryObserver, DeliveryState, DeliveryStatus, Notice, PauseReason};
 pub use stats::{DropReason, Stats};
-pub use queue::disk_usage;
 pub use transport::{HttpRequest, HttpResponse, Transport, TransportError};

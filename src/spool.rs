@@ -553,7 +553,9 @@ impl EventSpool {
             return Err(Error::ShutDown);
         }
         let s = self.shared();
-        let n = s.queue.redrive(selector, s.clock.wall_ms(), || s.next_seq())?;
+        let n = s
+            .queue
+            .redrive(selector, s.clock.wall_ms(), || s.next_seq())?;
         self.flush();
         Ok(n)
     }

@@ -755,11 +755,7 @@ impl Worker {
             .iter()
             .map(|(e, _)| QuarantinedEvent::new(e, why, detail.clone(), status, attempts, now))
             .collect();
-        if let Err(e) = self
-            .s
-            .queue
-            .quarantine(entries, &events, now)
-        {
+        if let Err(e) = self.s.queue.quarantine(entries, &events, now) {
             // Without a place to keep them, they stay queued rather than vanish.
             tracing::error!(error = %e, "could not quarantine events; keeping them queued");
             self.s.queue.release(&events);

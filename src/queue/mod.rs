@@ -16,7 +16,8 @@
 //! 3. `inbox`: where `track()` appends while memory has room. It is the only lock on the hot
 //!    path, held for one `Vec::push`, so a tracking thread never waits for a batch being picked,
 //!    a spill chunk being taken, or the store's cap work. Whoever takes `buffer` first folds the
-//!    inbox into it (taking `inbox` inside `buffer`), so every reader sees delivery order.
+//!    inbox into it (taking `inbox` inside `buffer`, only to swap the `Vec` out), so every reader
+//!    sees delivery order.
 //! 4. `signal` (the spill thread's mailbox), then the store's own connection mutex and lease
 //!    list, and the memory quarantine: leaves, taken last and alone.
 //!
@@ -42,8 +43,8 @@ use crate::stats::{DropReason, Entry};
 use buffer::MemoryBuffer;
 pub use buffer::SPILL_BACKLOG_MIN;
 pub use store::disk_usage;
-pub(crate) use store::{QuarantineSql, schema};
 use store::{Inserted, Store};
+pub(crate) use store::{QuarantineSql, schema};
 
 /// How many events one spill takes while the spill lock is held. The delivery worker waits for
 /// the spill in progress before it reads the store, so this bounds its wait: on a loaded
@@ -221,22 +222,31 @@ impl Queue {
             queue: self,
             buffer: self.buffer.lock(),
         };
-        let spill_started = {
+        let taken = {
             let mut inbox = self.inbox.lock();
             self.fold_asked.store(false, Ordering::SeqCst);
             if inbox.is_empty() {
-                false
+                None
             } else {
+                // Counted as buffered before the inbox is let go, so the hot path never sees
+                // these events in neither count; the fold only moves or drops them, so the
+                // exact figure stored when this guard goes is never above it.
+                self.buffered.fetch_add(inbox.len(), Ordering::SeqCst);
+                Some(std::mem::replace(&mut *inbox, Vec::with_capacity(64)))
+            }
+        };
+        // Sorted into the buffer outside the inbox lock: tracking threads go on appending.
+        let spill_started = match taken {
+            None => false,
+            Some(events) => {
                 let (capacity, spill) = (self.capacity(), self.store.is_some());
                 let mut dropped = 0;
                 let mut started = false;
-                for event in inbox.drain(..) {
+                for event in events {
                     let overflow = memory.push(event, capacity, spill);
                     dropped += overflow.dropped;
                     started |= overflow.spill_started;
                 }
-                // Updated before the inbox is let go: the hot path never sees the folded events
-                // in neither count.
                 self.buffered.store(memory.held(), Ordering::SeqCst);
                 self.counters.drop(DropReason::MemoryOverflow, dropped);
                 started
@@ -678,8 +688,7 @@ impl Queue {
     /// `cutoff_ms`; counts them `expired` and returns their ids.
     pub fn expire(&self, cutoff_ms: i64) -> Vec<EventId> {
         let mut gone = self.memory().expire(cutoff_ms);
-        self.counters
-            .drop(DropReason::Expired, gone.len() as u64);
+        self.counters.drop(DropReason::Expired, gone.len() as u64);
         if let Some(store) = &self.store {
             match store.expire(cutoff_ms) {
                 Ok(ids) => {

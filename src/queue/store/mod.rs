@@ -605,12 +605,17 @@ const INSERT_EVENT: &str =
 /// returned with an incremental vacuum before measuring again.
 fn db_excess(tx: &Transaction<'_>, page_size: u64, db_bytes: u64) -> Result<u64> {
     for _ in 0..10_000 {
-        let pages: u64 = tx.pragma_query_value(None, "page_count", |r| r.get::<_, i64>(0))? as u64;
+        // Cached statements: this runs once per spill transaction, on the path every
+        // `durability = always` commit takes.
+        let pages: u64 = tx
+            .prepare_cached("PRAGMA page_count")?
+            .query_row([], |r| r.get::<_, i64>(0))? as u64;
         if pages * page_size <= db_bytes {
             return Ok(0);
         }
-        let free: u64 =
-            tx.pragma_query_value(None, "freelist_count", |r| r.get::<_, i64>(0))? as u64;
+        let free: u64 = tx
+            .prepare_cached("PRAGMA freelist_count")?
+            .query_row([], |r| r.get::<_, i64>(0))? as u64;
         if free == 0 {
             return Ok(pages * page_size - db_bytes);
         }

@@ -16,7 +16,7 @@ use rusqlite::{Connection, OpenFlags};
 
 use crate::error::{Error, Result};
 use crate::quarantine::{ListFilter, QuarantinedEvent, Selector};
-use crate::store::{QuarantineSql, Store, schema};
+use crate::queue::{QuarantineSql, Queue, QueueParams, schema};
 
 /// How long [`inspect`] waits for a writer to finish a transaction before giving up. A spool's
 /// transactions are bounded in size, so this is generous.
@@ -107,7 +107,7 @@ fn status_of(tx: &rusqlite::Transaction<'_>, path: &Path) -> Result<StoreStatus>
     .collect();
     Ok(StoreStatus {
         pending: pending as u64,
-        bytes: crate::store::disk_usage(path),
+        bytes: crate::queue::disk_usage(path),
         oldest_ms,
         newest_ms,
         quarantine,
@@ -125,7 +125,7 @@ fn pairs(conn: &Connection, sql: &str) -> Result<BTreeMap<String, u64>> {
 
 /// A store opened as its owner, for quarantine triage while no spool is running on it.
 pub struct StoreAdmin {
-    store: Store,
+    queue: Queue,
     path: PathBuf,
 }
 
@@ -133,13 +133,17 @@ impl StoreAdmin {
     /// Opens (or creates) the store and takes its owner lock; refused while a spool holds it.
     /// `max_disk_bytes` is only used for writes, and redrive writes nothing new in size.
     pub fn open(path: &Path) -> Result<StoreAdmin> {
-        let opened = Store::open(
+        let defaults = crate::Config::new("http://127.0.0.1/unused");
+        let opened = Queue::open(
             path,
             crate::config::DEFAULT_MAX_DISK_BYTES,
             chrono::Utc::now().timestamp_millis(),
+            QueueParams::of(&defaults),
+            Default::default(),
+            Default::default(),
         )?;
         Ok(StoreAdmin {
-            store: opened.store,
+            queue: opened.queue,
             path: path.to_path_buf(),
         })
     }
@@ -150,19 +154,19 @@ impl StoreAdmin {
 
     /// Quarantined events, oldest first.
     pub fn list(&self, filter: &ListFilter) -> Result<Vec<QuarantinedEvent>> {
-        self.store.with_quarantine(|q| q.list(filter))
+        self.queue.quarantine_list(filter)
     }
 
     pub fn get(&self, event_id: &str) -> Result<Option<QuarantinedEvent>> {
-        self.store.with_quarantine(|q| q.get(event_id))
+        self.queue.quarantine_get(event_id)
     }
 
     /// Moves the selected events back to the queue with their original `event_id`; the next
     /// spool (or `eventspool flush`) on this store delivers them. Returns how many.
     pub fn redrive(&self, selector: &Selector) -> Result<u64> {
-        let mut next = self.store.next_seq()?;
+        let mut next = self.queue.store_next_seq()?;
         let now_ms = chrono::Utc::now().timestamp_millis();
-        self.store.redrive(selector, now_ms, || {
+        self.queue.redrive(selector, now_ms, || {
             next += 1;
             next - 1
         })
@@ -170,7 +174,7 @@ impl StoreAdmin {
 
     /// Deletes the selected quarantined events for good. Returns how many.
     pub fn purge(&self, selector: &Selector) -> Result<u64> {
-        self.store.with_quarantine(|q| q.purge(selector))
+        self.queue.quarantine_purge(selector)
     }
 }
 

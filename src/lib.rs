@@ -19,7 +19,6 @@
 // §Retry as pure functions), which simulations and fuzzers drive directly. Everything else is
 // internal and may change without notice.
 pub mod admin;
-mod buffer;
 pub mod classify;
 pub(crate) mod clock;
 pub(crate) mod config;
@@ -28,13 +27,13 @@ pub(crate) mod event;
 mod machine;
 mod observers;
 pub(crate) mod quarantine;
+mod queue;
 pub mod retry;
 mod shared;
 pub(crate) mod split;
 mod spool;
 pub(crate) mod state;
 pub(crate) mod stats;
-mod store;
 pub(crate) mod transport;
 mod wire;
 mod worker;
@@ -48,7 +47,6 @@ pub mod ffi;
 #[cfg(feature = "ffi")]
 uniffi::setup_scaffolding!();
 
-pub use buffer::SPILL_BACKLOG_MIN;
 pub use classify::Failure;
 #[cfg(feature = "test-util")]
 pub use clock::ManualClock;
@@ -62,8 +60,9 @@ pub use observers::ObserverHandle;
 /// The `reason` a quarantined event carries (`Selector::Reason` takes one).
 pub use quarantine::reason as quarantine_reason;
 pub use quarantine::{ListFilter, QuarantinedEvent, Selector};
+pub use queue::SPILL_BACKLOG_MIN;
+pub use queue::disk_usage;
 pub use spool::{EventSpool, SpoolBuilder};
 pub use state::{DeliveryObserver, DeliveryState, DeliveryStatus, Notice, PauseReason};
 pub use stats::{DropReason, Stats};
-pub use store::disk_usage;
 pub use transport::{HttpRequest, HttpResponse, Transport, TransportError};

@@ -8,23 +8,18 @@ use std::time::{Duration, Instant};
 
 use futures_util::FutureExt;
 
-use crate::buffer::MemoryBuffer;
 use crate::clock::{Clock, SystemClock};
 use crate::config::{Config, Durability};
 use crate::error::{ConfigError, Error, Result};
 use crate::event::{self, EventId, NewEvent, QueuedEvent};
 use crate::observers::{ObserverHandle, Observers};
-use crate::quarantine::{ListFilter, MemoryQuarantine, QuarantinedEvent, Selector};
-use crate::shared::{Control, Shared, SpillSignal, StateCell, lock};
+use crate::quarantine::{ListFilter, QuarantinedEvent, Selector};
+use crate::queue::{Queue, QueueParams};
+use crate::shared::{Control, Ledger, Shared, StateCell, lock};
 use crate::state::{DeliveryObserver, DeliveryState, DeliveryStatus, Notice};
-use crate::stats::{Counters, DropReason, Entry, Stats};
-use crate::store::Store;
+use crate::stats::{Entry, Stats};
 use crate::transport::{ReqwestTransport, Transport, TransportError};
 use crate::worker;
-
-/// How long `track()` with `durability = always` waits for its commit before it gives up on
-/// durability (the event stays queued in memory and the call returns `Error::NotDurable`).
-const ALWAYS_COMMIT_WAIT: Duration = Duration::from_secs(5);
 
 /// How long `shutdown()` waits for the worker to hand back a batch whose attempt it abandoned
 /// once the caller's timeout passed.
@@ -130,30 +125,40 @@ impl EventSpool {
                     .map_err(|source: TransportError| Error::HttpClient { source })?,
             ),
         };
-        let mut recovered = None;
-        let store = match &config.db_path {
+        let counters = Ledger::default();
+        let deferred_notices = Arc::new(Mutex::new(Vec::new()));
+        let params = QueueParams::of(&config);
+        let (queue, restored, next_seq, recovered) = match &config.db_path {
             Some(path) => {
-                let opened = Store::open(path, config.max_disk_bytes, clock.wall_ms())?;
-                recovered = opened.recovered;
-                Some(opened.store)
+                let opened = Queue::open(
+                    path,
+                    config.max_disk_bytes,
+                    clock.wall_ms(),
+                    params,
+                    counters.clone(),
+                    deferred_notices.clone(),
+                )?;
+                (
+                    opened.queue,
+                    opened.restored,
+                    opened.next_seq,
+                    opened.recovered,
+                )
             }
-            None => None,
-        };
-        let restored = store.as_ref().map(Store::len).unwrap_or(0);
-        let next_seq = match &store {
-            Some(s) => s.next_seq()?,
-            None => 1,
+            None => (
+                Queue::in_memory(params, counters.clone(), deferred_notices.clone()),
+                0,
+                1,
+                None,
+            ),
         };
         let (shutdown, _) = tokio::sync::watch::channel(false);
         let shared = Arc::new(Shared {
             api_key: Mutex::new(config.api_key.clone()),
             clock,
             transport,
-            buffer: parking_lot::Mutex::new(MemoryBuffer::default()),
-            spill_lock: parking_lot::Mutex::new(()),
-            store,
-            memory_quarantine: Mutex::new(MemoryQuarantine::default()),
-            counters: Counters::default(),
+            queue,
+            counters,
             next_seq: AtomicU64::new(next_seq),
             control: Mutex::new(Control {
                 online: b.online,
@@ -175,11 +180,9 @@ impl EventSpool {
             }),
             state_changed: Condvar::new(),
             observers: Observers::new(b.observers),
-            spill: Mutex::new(SpillSignal::default()),
-            spill_cv: Condvar::new(),
             shutdown,
             jitter_seed: b.jitter_seed,
-            deferred_notices: Mutex::new(Vec::new()),
+            deferred_notices,
             config,
         });
         shared.counters.entered(Entry::Restored, restored);
@@ -196,8 +199,8 @@ impl EventSpool {
                 reason,
             });
         }
-        let spiller = match &shared.store {
-            Some(_) => {
+        let spiller = match shared.queue.has_store() {
+            true => {
                 let s = shared.clone();
                 Some(
                     std::thread::Builder::new()
@@ -209,7 +212,7 @@ impl EventSpool {
                         })?,
                 )
             }
-            None => None,
+            false => None,
         };
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
@@ -262,16 +265,23 @@ impl EventSpool {
 
     /// Records an event with any of its optional fields set by the caller.
     pub fn track_event(&self, event: NewEvent) -> Result<EventId> {
-        let _admitted = self.handle.admission.read_recursive();
-        self.check_accepting()?;
-        let queued = self.prepare(&event)?;
-        let id = queued.id;
-        self.accept(std::iter::once(queued), 1)
-            .map_err(|reason| Error::NotDurable {
-                event_ids: vec![id],
-                reason,
-            })?;
-        Ok(id)
+        let accepted = {
+            let _admitted = self.handle.admission.read_recursive();
+            self.check_accepting()?;
+            let queued = self.prepare(&event)?;
+            let id = queued.id;
+            self.accept(std::iter::once(queued), 1)
+                .map(|()| id)
+                .map_err(|reason| Error::NotDurable {
+                    event_ids: vec![id],
+                    reason,
+                })
+        };
+        if self.shared().config.durability == Durability::Always {
+            // A refused commit made on this thread is told once the call let go of every lock.
+            self.shared().deliver_notices();
+        }
+        accepted
     }
 
     /// Records several events, all or none: each is checked first, and the first bad one is
@@ -302,19 +312,17 @@ impl EventSpool {
         let n = prepared.len() as u64;
         let s = self.shared();
         if s.config.durability == Durability::Spill {
-            match &s.store {
-                Some(store) => {
-                    self.accept_spilling(store, prepared)?;
-                    return Ok(ids);
-                }
-                None if n > s.config.memory_capacity => {
-                    return Err(Error::BatchRefused(format!(
-                        "{n} events are more than memory_capacity ({}) holds, and without a \
-                         db_path there is no store to spill to; split the batch",
-                        s.config.memory_capacity
-                    )));
-                }
-                None => {}
+            if s.queue.has_store() {
+                let first = s.queue.push_batch_spilling(prepared)?;
+                self.wake_if_due(first);
+                return Ok(ids);
+            }
+            if n > s.config.memory_capacity {
+                return Err(Error::BatchRefused(format!(
+                    "{n} events are more than memory_capacity ({}) holds, and without a \
+                     db_path there is no store to spill to; split the batch",
+                    s.config.memory_capacity
+                )));
             }
         }
         match self.accept(prepared, n) {
@@ -364,62 +372,14 @@ impl EventSpool {
         let durable = match s.config.durability {
             Durability::Spill => {
                 for event in events {
-                    self.enqueue(event);
+                    s.queue.push(event);
                 }
                 Ok(())
             }
-            Durability::Always => self.enqueue_durably(events),
+            Durability::Always => s.queue.push_durably(events),
         };
         self.wake_if_due(first);
         durable
-    }
-
-    /// `track_batch` with a store (`durability = spill`): the whole batch is recorded, never
-    /// part of it dropped. What memory has room for is queued; the oldest rest is written to
-    /// the store on the caller's thread (back-pressure: a bulk call waits for the disk rather
-    /// than memory growing or events dropping). If the store refuses, nothing is recorded (the
-    /// notice is delivered by the caller once it let go of the admission lock).
-    fn accept_spilling(&self, store: &Store, mut events: Vec<QueuedEvent>) -> Result<()> {
-        let s = self.shared();
-        let n = events.len() as u64;
-        if n == 0 {
-            return Ok(());
-        }
-        let capacity = s.config.memory_capacity as usize;
-        {
-            // The worker and the spiller wait while the batch is split between memory and the
-            // store, so no event is seen half-recorded; other threads' track() calls do not.
-            let _guard = s.spill_lock.lock();
-            let room = s.buffer.lock().room(capacity);
-            let mut written = Ok(());
-            if events.len() > room {
-                events.sort_unstable_by_key(QueuedEvent::key);
-                let rest = events.split_off(events.len() - room);
-                let direct = std::mem::replace(&mut events, rest);
-                written = match s.insert_counted(store, &direct) {
-                    Ok(_) => Ok(()),
-                    Err(e) => {
-                        s.counters.store_errors.fetch_add(1, Ordering::Relaxed);
-                        s.notice_later(Notice::StoreUnavailable {
-                            reason: e.to_string(),
-                        });
-                        Err(Error::BatchRefused(format!(
-                            "{n} events do not fit in memory (room for {room}) and the store \
-                             refused the rest: {e}"
-                        )))
-                    }
-                };
-            }
-            if written.is_ok() {
-                let first = s.counters.entered(Entry::Tracked, n) == 0;
-                if s.buffer.lock().push_batch(events, capacity) {
-                    lock(&s.spill).requested += 1;
-                    s.spill_cv.notify_all();
-                }
-                self.wake_if_due(first);
-            }
-            written
-        }
     }
 
     /// Wakes the worker when `flush_at` is reached, or for the first pending event (which
@@ -432,72 +392,6 @@ impl EventSpool {
             s.wake.notify_one();
         } else if first {
             s.wake.notify_one();
-        }
-    }
-
-    fn enqueue(&self, event: QueuedEvent) {
-        let s = self.shared();
-        let overflow =
-            s.buffer
-                .lock()
-                .push(event, s.config.memory_capacity as usize, s.store.is_some());
-        s.counters
-            .drop(DropReason::MemoryOverflow, overflow.dropped);
-        if overflow.spill_started {
-            lock(&s.spill).requested += 1;
-            s.spill_cv.notify_all();
-        }
-    }
-
-    /// Hands the events to the spill thread and waits for the commit that holds them (callers
-    /// arriving meanwhile share it).
-    fn enqueue_durably(
-        &self,
-        events: impl IntoIterator<Item = QueuedEvent>,
-    ) -> std::result::Result<(), String> {
-        let s = self.shared();
-        let generation = {
-            let mut buffer = s.buffer.lock();
-            for event in events {
-                buffer.push_spill(event);
-            }
-            let mut spill = lock(&s.spill);
-            spill.requested += 1;
-            spill.requested
-        };
-        s.spill_cv.notify_all();
-        let on_spill_thread = lock(&self.handle.spiller)
-            .as_ref()
-            .is_some_and(|t| t.thread().id() == std::thread::current().id());
-        if on_spill_thread {
-            // An observer told of a refused spill tracks from the spill thread itself: nobody
-            // else would make this commit, so make it here.
-            let _ = s.spill_now();
-        }
-        let deadline = Instant::now() + ALWAYS_COMMIT_WAIT;
-        let mut spill = lock(&s.spill);
-        while spill.committed < generation && spill.failed < generation && !spill.stop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                break;
-            }
-            spill = s
-                .spill_cv
-                .wait_timeout(spill, left)
-                .map(|(g, _)| g)
-                .unwrap_or_else(|p| p.into_inner().0);
-        }
-        if spill.committed >= generation {
-            Ok(())
-        } else if spill.failed >= generation {
-            Err(format!("the store refused the write: {}", spill.last_error))
-        } else if spill.stop {
-            Err("the spool shut down before the store committed".into())
-        } else {
-            Err(format!(
-                "the store did not commit within {} s",
-                ALWAYS_COMMIT_WAIT.as_secs()
-            ))
         }
     }
 
@@ -573,14 +467,7 @@ impl EventSpool {
         if self.handle.closed.load(Ordering::Relaxed) {
             return Err(Error::ShutDown);
         }
-        let s = self.shared();
-        let _guard = s.spill_lock.lock();
-        let mut n = s.buffer.lock().clear();
-        if let Some(store) = &s.store {
-            n += store.purge_queue()?;
-        }
-        s.counters.drop(DropReason::Purged, n);
-        Ok(n)
+        self.shared().queue.purge()
     }
 
     /// The current state, with `retry_in_ms` computed now.
@@ -599,14 +486,7 @@ impl EventSpool {
     pub fn stats(&self) -> Stats {
         let s = self.shared();
         let mut stats = s.counters.snapshot();
-        stats.pending_memory = s.buffer.lock().len() as u64;
-        if let Some(store) = &s.store {
-            stats.pending_disk = store.len();
-            stats.store_bytes = store.disk_usage();
-            stats.quarantine = store.with_quarantine(|q| q.counts()).unwrap_or_default();
-        } else {
-            stats.quarantine = lock(&s.memory_quarantine).counts();
-        }
+        s.queue.fill_stats(&mut stats);
         stats
     }
 
@@ -670,17 +550,11 @@ impl EventSpool {
 
     /// Quarantined events, oldest first.
     pub fn quarantine_list(&self, filter: &ListFilter) -> Result<Vec<QuarantinedEvent>> {
-        match &self.shared().store {
-            Some(store) => store.with_quarantine(|q| q.list(filter)),
-            None => Ok(lock(&self.shared().memory_quarantine).list(filter)),
-        }
+        self.shared().queue.quarantine_list(filter)
     }
 
     pub fn quarantine_get(&self, event_id: &str) -> Result<Option<QuarantinedEvent>> {
-        match &self.shared().store {
-            Some(store) => store.with_quarantine(|q| q.get(event_id)),
-            None => Ok(lock(&self.shared().memory_quarantine).get(event_id)),
-        }
+        self.shared().queue.quarantine_get(event_id)
     }
 
     /// Puts quarantined events back in the queue with their original `event_id`; they go out
@@ -690,42 +564,9 @@ impl EventSpool {
             return Err(Error::ShutDown);
         }
         let s = self.shared();
-        let n = match &s.store {
-            Some(store) => {
-                let _guard = s.spill_lock.lock();
-                let n = store.redrive(selector, s.clock.wall_ms(), || s.next_seq())?;
-                // Counted before the lock goes, so the worker cannot deliver them first and
-                // take `pending` below zero.
-                s.counters.entered(Entry::Redriven, n);
-                n
-            }
-            None => {
-                let taken = lock(&s.memory_quarantine).take(selector);
-                let n = taken.len() as u64;
-                s.counters.entered(Entry::Redriven, n);
-                for q in taken {
-                    let id = EventId::parse(&q.event_id)?;
-                    let event = QueuedEvent {
-                        ts_ms: q.ts_ms,
-                        seq: s.next_seq(),
-                        id,
-                        json: q.body.into_boxed_str(),
-                        // A new acceptance with a fresh send budget (see `Store::redrive`).
-                        accepted_ms: s.clock.wall_ms(),
-                        sends: q.sends,
-                        unanswered: 0,
-                    };
-                    let overflow =
-                        s.buffer
-                            .lock()
-                            .push(event, s.config.memory_capacity as usize, false);
-                    s.counters
-                        .drop(DropReason::MemoryOverflow, overflow.dropped);
-                }
-                self.flush();
-                return Ok(n);
-            }
-        };
+        let n = s
+            .queue
+            .redrive(selector, s.clock.wall_ms(), || s.next_seq())?;
         self.flush();
         Ok(n)
     }
@@ -735,10 +576,7 @@ impl EventSpool {
         if self.handle.closed.load(Ordering::Relaxed) {
             return Err(Error::ShutDown);
         }
-        match &self.shared().store {
-            Some(store) => store.with_quarantine(|q| q.purge(selector)),
-            None => Ok(lock(&self.shared().memory_quarantine).take(selector).len() as u64),
-        }
+        self.shared().queue.quarantine_purge(selector)
     }
 }
 
@@ -779,11 +617,7 @@ impl Handle {
             s.shutdown.send_replace(true);
         }
         let result = s.persist().map(|_| ());
-        {
-            let mut spill = lock(&s.spill);
-            spill.stop = true;
-        }
-        s.spill_cv.notify_all();
+        s.queue.stop_spiller();
         // Not from the worker's thread, nor from the spill thread itself (an observer told of a
         // refused spill calls shutdown() there): it ends once the callback returns.
         if let Some(thread) = lock(&h.spiller).take()
@@ -798,8 +632,8 @@ impl Handle {
         // Nothing of this handle writes to the store any more (track() and the queue and
         // quarantine verbs refuse after shutdown), so a new handle may open it even while clones
         // of this one live. A worker that did not stop in time keeps it owned until the last drop.
-        if worker_stopped && let Some(store) = &s.store {
-            store.release_ownership();
+        if worker_stopped {
+            s.queue.release_ownership();
         }
         result
     }
@@ -811,25 +645,7 @@ impl Drop for Handle {
     }
 }
 
-/// The spill thread: moves overflow to disk so `track()` never waits on SQLite. It wakes when
-/// the spill queue starts filling and commits whatever has gathered by then in one go.
+/// The spill thread: see [`Queue::run_spiller`].
 fn spiller(s: Arc<Shared>) {
-    loop {
-        {
-            let mut spill = lock(&s.spill);
-            while spill.committed >= spill.requested && !spill.stop {
-                spill = s.spill_cv.wait(spill).unwrap_or_else(|p| p.into_inner());
-            }
-            if spill.stop {
-                return;
-            }
-        }
-        if s.spill_now().is_err() {
-            // The store refused (disk full, I/O error): try again in a second, events stay in memory.
-            let spill = lock(&s.spill);
-            if !spill.stop {
-                let _ = s.spill_cv.wait_timeout(spill, Duration::from_secs(1));
-            }
-        }
-    }
+    s.queue.run_spiller(|| s.deliver_notices());
 }

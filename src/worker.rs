@@ -10,11 +10,11 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime};
 
 use crate::classify::classify;
-use crate::config::{Compression, Durability};
+use crate::config::Compression;
 use crate::event::{QueuedEvent, SendNote};
 use crate::machine::{Action, Events, Input, Jitter, Machine, Policy, send_note};
 use crate::quarantine::QuarantinedEvent;
-use crate::shared::{Shared, lock, seqs_by_origin};
+use crate::shared::{Shared, lock};
 use crate::state::Notice;
 use crate::stats::{DropReason, Exit};
 use crate::transport::{HttpRequest, HttpResponse, TransportError};
@@ -117,7 +117,7 @@ impl Worker {
                     None
                 }
                 Action::DropExpired(expired) => {
-                    if let Err(e) = self.s.drop_expired(&expired) {
+                    if let Err(e) = self.s.queue.drop_expired(&expired) {
                         tracing::error!(error = %e, "could not delete expired events from the store");
                     }
                     self.announce_dropped(
@@ -127,7 +127,7 @@ impl Worker {
                     None
                 }
                 Action::Release(events) => {
-                    self.s.return_to_queue(&events);
+                    self.s.queue.release(&events);
                     None
                 }
             };
@@ -160,17 +160,7 @@ impl Worker {
             .clock
             .wall_ms()
             .saturating_sub(s.config.max_event_age_ms as i64);
-        let mut gone = s.buffer.lock().expire(cutoff);
-        s.counters.drop(DropReason::Expired, gone.len() as u64);
-        if let Some(store) = &s.store {
-            match store.expire(cutoff) {
-                Ok(ids) => {
-                    s.counters.drop(DropReason::Expired, ids.len() as u64);
-                    gone.extend(ids);
-                }
-                Err(e) => tracing::warn!(error = %e, "expiring stored events failed"),
-            }
-        }
+        let gone = s.queue.expire(cutoff);
         self.announce_dropped(DropReason::Expired, gone.iter().map(|id| id.to_string()));
     }
 
@@ -190,64 +180,10 @@ impl Worker {
     /// `room` bytes of event JSON.
     fn assemble(&self, room: u64) -> Option<Events> {
         let s = &self.s;
-        // Held while the batch is picked, so a spill in progress (events in neither memory nor
-        // the store yet) finishes first. Events still waiting to spill are read from memory,
-        // except with `durability = always`: there a caller is waiting for them to reach the
-        // disk, so they are committed first and read from the store.
-        let _guard = s.spill_lock.lock();
-        let always = s.config.durability == Durability::Always;
-        if always && let Err(e) = s.spill_locked() {
-            tracing::warn!(error = %e, "spill before batch failed; sending what is stored");
-        }
         let limit = s.config.max_batch_events as usize;
-        let from_store = match &s.store {
-            Some(store) => store.oldest(limit).unwrap_or_else(|e| {
-                tracing::warn!(error = %e, "reading the store failed; sending from memory");
-                Vec::new()
-            }),
-            None => Vec::new(),
-        };
-        let mut buffer = s.buffer.lock();
-        // The first event is always taken, so a limit learned below one event still sends.
-        let mut picked: Vec<(QueuedEvent, bool)> = Vec::new();
-        let mut memory_keys = Vec::new();
-        let mut bytes = 0u64;
-        {
-            let mut disk = from_store.into_iter().peekable();
-            let mut memory = buffer.peek(limit, !always).peekable();
-            while picked.len() < limit {
-                let take_disk = match (disk.peek(), memory.peek()) {
-                    (Some(d), Some(m)) => d.key() <= m.key(),
-                    (Some(_), None) => true,
-                    (None, Some(_)) => false,
-                    (None, None) => break,
-                };
-                let size = if take_disk {
-                    disk.peek().map(QueuedEvent::bytes)
-                } else {
-                    memory.peek().map(|m| m.bytes())
-                };
-                let size = size.unwrap_or(0) + 1;
-                if !picked.is_empty() && bytes + size > room {
-                    break;
-                }
-                bytes += size;
-                if take_disk {
-                    if let Some(event) = disk.next() {
-                        picked.push((event, true));
-                    }
-                } else if let Some(event) = memory.next() {
-                    memory_keys.push(event.key());
-                    picked.push((event.clone(), false));
-                }
-            }
-        }
+        let picked = s.queue.next_batch(limit, room);
         if picked.is_empty() {
             return None;
-        }
-        buffer.lease(&memory_keys);
-        if let Some(store) = &s.store {
-            store.lease(&seqs_by_origin(&picked).1);
         }
         Some(picked)
     }
@@ -302,7 +238,7 @@ impl Worker {
 
     /// Records a send's bookkeeping for events that stay queued.
     fn note_sends(&self, events: &[(QueuedEvent, bool)], note: SendNote) {
-        if let Err(e) = self.s.note_sends(events, note) {
+        if let Err(e) = self.s.queue.note_sends(events, note) {
             tracing::warn!(error = %e, "could not record the send counts");
         }
     }
@@ -310,7 +246,7 @@ impl Worker {
     /// Delivered events leave the queue.
     fn delivered(&self, events: &[(QueuedEvent, bool)]) {
         let n = events.len() as u64;
-        if let Err(e) = self.s.remove_from_queue(events) {
+        if let Err(e) = self.s.queue.ack(events) {
             tracing::error!(error = %e, "could not delete delivered events; they may be sent again");
         }
         self.s.counters.left(Exit::Delivered, n);
@@ -333,18 +269,15 @@ impl Worker {
             .iter()
             .map(|(e, _)| QuarantinedEvent::new(e, why, detail.clone(), status, attempts, now))
             .collect();
-        if let Err(e) = self
-            .s
-            .add_to_quarantine(entries, &seqs_by_origin(&events).1)
-        {
+        if let Err(e) = self.s.queue.quarantine(entries, &events, now) {
             // Without a place to keep them, they stay queued rather than vanish.
             tracing::error!(error = %e, "could not quarantine events; keeping them queued");
-            self.s.return_to_queue(&events);
+            self.s.queue.release(&events);
             return;
         }
         let n = events.len() as u64;
         tracing::warn!(events = n, reason = why, status = ?status, "events quarantined");
-        if let Err(e) = self.s.remove_from_queue(&events) {
+        if let Err(e) = self.s.queue.ack(&events) {
             tracing::error!(error = %e, "could not remove quarantined events from the queue");
         }
         self.s.counters.left(Exit::Quarantined, n);
@@ -352,10 +285,6 @@ impl Worker {
 
     /// After a restart of the worker (a caught panic), nothing is in flight any more.
     fn recover_leases(&mut self) {
-        let _guard = self.s.spill_lock.lock();
-        self.s.buffer.lock().release_all();
-        if let Some(store) = &self.s.store {
-            store.release_all();
-        }
+        self.s.queue.release_all();
     }
 }

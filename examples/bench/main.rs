@@ -4,10 +4,11 @@
 //! `cargo run --release --example bench [-- --quick]`
 //!
 //! Human table on stderr, JSON report on stdout. `--quick` skips the 1M-event growth runs;
-//! `--only track,spill,drain,rss,cold` picks scenarios; `--sizes N,M` sets the spill/drain sizes.
+//! `--only track,spill,cap,always,drain,rss,cold` picks scenarios; `--sizes N,M` sets the spill/drain sizes.
 //! The peak-RSS run re-executes this binary (`--rss-child URL`) so that the high-water mark it
 //! reads belongs to that scenario alone. See BENCHMARKS.md for the figures and the machine.
 
+mod burst;
 mod rss;
 mod store;
 mod track;
@@ -231,6 +232,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     if want("spill") {
         emit(store::spill(&sizes)?);
+    }
+    if want("cap") {
+        emit(burst::near_cap()?);
+    }
+    if want("always") {
+        emit(burst::always()?);
     }
     if want("drain") {
         emit(store::drain(&sizes)?);

@@ -301,6 +301,11 @@ impl MemoryBuffer {
         n as u64
     }
 
+    /// Events queued or waiting to spill (not those in flight).
+    pub fn held(&self) -> usize {
+        self.queued.len() + self.spill.len()
+    }
+
     #[cfg(test)]
     pub fn queued_len(&self) -> usize {
         self.queued.len()

@@ -241,7 +241,7 @@ mod tests {
             )
             .unwrap();
         }
-        let opened = crate::store::Store::open(&path, 1 << 20, 5_000).unwrap();
+        let opened = crate::queue::store::Store::open(&path, 1 << 20, 5_000).unwrap();
         assert!(
             opened.recovered.is_none(),
             "a v1 file is ours, not moved aside"

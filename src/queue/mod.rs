@@ -1,0 +1,937 @@
+//! The queue: the one owner of every pending event, in memory ([`buffer`]) and in the SQLite
+//! store ([`store`]), and of the moves between the two (spill, persist, batch assembly,
+//! acknowledgement, redrive, purge) and the quarantine. No other module touches the buffer or the
+//! store: `track()` pushes here, the delivery worker takes batches and answers for them here, the
+//! spill thread runs [`Queue::run_spiller`], and the admin tool opens a store-only queue.
+//!
+//! # Locks, in the order they are taken
+//!
+//! 1. `spill_lock`: serializes moving events between memory and the store, so no event is ever
+//!    in neither place or counted in both. Held by the spill (one chunk), persist, batch
+//!    assembly, acknowledgement, redrive and purge; never by `track()` with `durability =
+//!    spill`. With `durability = always` it is the group-commit lock: the caller that gets it
+//!    commits for everyone who queued meanwhile (see [`Queue::push_durably`]).
+//! 2. `buffer`: the sorted memory queue, the spill backlog and the batch in flight. Held for
+//!    in-memory work only, never across SQLite.
+//! 3. `inbox`: where `track()` appends while memory has room. It is the only lock on the hot
+//!    path, held for one `Vec::push`, so a tracking thread never waits for a batch being picked,
+//!    a spill chunk being taken, or the store's cap work. Whoever takes `buffer` first folds the
+//!    inbox into it (taking `inbox` inside `buffer`, only to swap the `Vec` out), so every reader
+//!    sees delivery order.
+//! 4. `signal` (the spill thread's mailbox), then the store's own connection mutex and lease
+//!    list, and the memory quarantine: leaves, taken last and alone.
+//!
+//! Nothing here calls app code; refusals are queued as notices for the caller to deliver once
+//! it let go of every lock ([`crate::shared::Shared::deliver_notices`]).
+
+pub(crate) mod buffer;
+pub(crate) mod store;
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::config::Durability;
+use crate::error::{Error, Result};
+use crate::event::{EventId, QueuedEvent, SendNote};
+use crate::quarantine::{ListFilter, MemoryQuarantine, QuarantinedEvent, Selector};
+use crate::shared::{Ledger, lock};
+use crate::state::Notice;
+use crate::stats::{DropReason, Entry};
+
+use buffer::MemoryBuffer;
+pub use buffer::SPILL_BACKLOG_MIN;
+pub use store::disk_usage;
+use store::{Inserted, Store};
+pub(crate) use store::{QuarantineSql, schema};
+
+/// How many events one spill takes while the spill lock is held. The delivery worker waits for
+/// the spill in progress before it reads the store, so this bounds its wait: on a loaded
+/// machine a 9,000-event commit into a store at its cap took about 280 ms, and delivery fell to
+/// a few batches a second. A thousand rows per transaction is also where the raw SQLite
+/// baseline commits.
+pub const SPILL_CHUNK: usize = 1_000;
+
+/// How long `track()` with `durability = always` waits for its commit before it gives up on
+/// durability (the event stays queued in memory and the call returns `Error::NotDurable`).
+const ALWAYS_COMMIT_WAIT: Duration = Duration::from_secs(5);
+
+/// The spill thread's mailbox, and the generations `durability = always` callers wait for.
+#[derive(Default)]
+struct SpillSignal {
+    /// Spill mode: raised when the spill backlog starts filling; the spill thread works until
+    /// `done` catches up. Always mode: one per durable push, so a caller knows its commit.
+    requested: u64,
+    committed: u64,
+    failed: u64,
+    /// Why the last failed commit failed, for the `durability = always` caller waiting on it.
+    last_error: String,
+    stop: bool,
+}
+
+/// What the queue needs of a spool's configuration.
+#[derive(Clone, Debug)]
+pub struct QueueParams {
+    pub memory_capacity: u64,
+    pub durability: Durability,
+    pub quarantine_max_events: u64,
+    pub quarantine_retention_ms: u64,
+}
+
+impl QueueParams {
+    pub fn of(config: &crate::config::Config) -> QueueParams {
+        QueueParams {
+            memory_capacity: config.memory_capacity,
+            durability: config.durability,
+            quarantine_max_events: config.quarantine_max_events,
+            quarantine_retention_ms: config.quarantine_retention_ms,
+        }
+    }
+}
+
+/// A queue as opened: its store may have been found unusable and replaced.
+pub struct OpenedQueue {
+    pub queue: Queue,
+    /// Events found in the store.
+    pub restored: u64,
+    /// The first free seq (`track()` order continues across restarts).
+    pub next_seq: u64,
+    /// Where an unusable store file was moved, and why.
+    pub recovered: Option<(std::path::PathBuf, String)>,
+}
+
+pub struct Queue {
+    params: QueueParams,
+    counters: Ledger,
+    /// Notices raised under a lock, for the caller to deliver (shared with the spool).
+    notices: Arc<Mutex<Vec<Notice>>>,
+    spill_lock: parking_lot::Mutex<()>,
+    /// `parking_lot` because a thread in a tight loop retakes a plain mutex before a woken
+    /// waiter runs; its eventual fairness lets the spill thread and the worker in.
+    buffer: parking_lot::Mutex<MemoryBuffer>,
+    inbox: parking_lot::Mutex<Vec<QueuedEvent>>,
+    /// Events in `buffer` (queued and waiting to spill) as of the last time it was let go, for
+    /// the room check on the hot path. Only ever stale upwards between two holders' updates
+    /// (a fold or a push), so the check errs on the side of the exact slow path.
+    buffered: AtomicUsize,
+    /// Set once an event past `memory_capacity` sits in the inbox and the spill thread was
+    /// asked to fold it, so tracking threads ask once.
+    fold_asked: AtomicBool,
+    store: Option<Store>,
+    memory_quarantine: Mutex<MemoryQuarantine>,
+    signal: Mutex<SpillSignal>,
+    spill_cv: Condvar,
+}
+
+/// The buffer, with the inbox folded in. Keeps `buffered` up to date when let go.
+struct Memory<'a> {
+    queue: &'a Queue,
+    buffer: parking_lot::MutexGuard<'a, MemoryBuffer>,
+}
+
+impl std::ops::Deref for Memory<'_> {
+    type Target = MemoryBuffer;
+    fn deref(&self) -> &MemoryBuffer {
+        &self.buffer
+    }
+}
+
+impl std::ops::DerefMut for Memory<'_> {
+    fn deref_mut(&mut self) -> &mut MemoryBuffer {
+        &mut self.buffer
+    }
+}
+
+impl Drop for Memory<'_> {
+    fn drop(&mut self) {
+        self.queue
+            .buffered
+            .store(self.buffer.held(), Ordering::SeqCst);
+    }
+}
+
+impl Queue {
+    /// A queue without a store (memory only).
+    pub fn in_memory(
+        params: QueueParams,
+        counters: Ledger,
+        notices: Arc<Mutex<Vec<Notice>>>,
+    ) -> Queue {
+        Queue::new(params, counters, notices, None)
+    }
+
+    /// Opens the store at `path` (taking its owner lock) and a queue over it.
+    pub fn open(
+        path: &Path,
+        max_disk_bytes: u64,
+        wall_ms: i64,
+        params: QueueParams,
+        counters: Ledger,
+        notices: Arc<Mutex<Vec<Notice>>>,
+    ) -> Result<OpenedQueue> {
+        let opened = Store::open(path, max_disk_bytes, wall_ms)?;
+        let restored = opened.store.len();
+        let next_seq = opened.store.next_seq()?;
+        Ok(OpenedQueue {
+            queue: Queue::new(params, counters, notices, Some(opened.store)),
+            restored,
+            next_seq,
+            recovered: opened.recovered,
+        })
+    }
+
+    fn new(
+        params: QueueParams,
+        counters: Ledger,
+        notices: Arc<Mutex<Vec<Notice>>>,
+        store: Option<Store>,
+    ) -> Queue {
+        Queue {
+            params,
+            counters,
+            notices,
+            spill_lock: parking_lot::Mutex::new(()),
+            buffer: parking_lot::Mutex::new(MemoryBuffer::default()),
+            inbox: parking_lot::Mutex::new(Vec::new()),
+            buffered: AtomicUsize::new(0),
+            fold_asked: AtomicBool::new(false),
+            store,
+            memory_quarantine: Mutex::new(MemoryQuarantine::default()),
+            signal: Mutex::new(SpillSignal::default()),
+            spill_cv: Condvar::new(),
+        }
+    }
+
+    pub fn has_store(&self) -> bool {
+        self.store.is_some()
+    }
+
+    fn capacity(&self) -> usize {
+        self.params.memory_capacity as usize
+    }
+
+    fn notice_later(&self, notice: Notice) {
+        tracing::warn!(?notice, "eventspool notice");
+        lock(&self.notices).push(notice);
+    }
+
+    /// Locks the buffer and folds the inbox into it, counting what that displaced.
+    fn memory(&self) -> Memory<'_> {
+        let mut memory = Memory {
+            queue: self,
+            buffer: self.buffer.lock(),
+        };
+        let taken = {
+            let mut inbox = self.inbox.lock();
+            self.fold_asked.store(false, Ordering::SeqCst);
+            if inbox.is_empty() {
+                None
+            } else {
+                // Counted as buffered before the inbox is let go, so the hot path never sees
+                // these events in neither count; the fold only moves or drops them, so the
+                // exact figure stored when this guard goes is never above it.
+                self.buffered.fetch_add(inbox.len(), Ordering::SeqCst);
+                Some(std::mem::replace(&mut *inbox, Vec::with_capacity(64)))
+            }
+        };
+        // Sorted into the buffer outside the inbox lock: tracking threads go on appending.
+        let spill_started = match taken {
+            None => false,
+            Some(events) => {
+                let (capacity, spill) = (self.capacity(), self.store.is_some());
+                let mut dropped = 0;
+                let mut started = false;
+                for event in events {
+                    let overflow = memory.push(event, capacity, spill);
+                    dropped += overflow.dropped;
+                    started |= overflow.spill_started;
+                }
+                self.buffered.store(memory.held(), Ordering::SeqCst);
+                self.counters.drop(DropReason::MemoryOverflow, dropped);
+                started
+            }
+        };
+        if spill_started {
+            self.ask_spiller();
+        }
+        memory
+    }
+
+    fn ask_spiller(&self) {
+        lock(&self.signal).requested += 1;
+        self.spill_cv.notify_all();
+    }
+
+    // ---- track() -------------------------------------------------------------------------
+
+    /// Queues one event (`durability = spill`, or memory only). While memory has room this is
+    /// one `Vec::push` under the inbox lock; at the limit it takes the exact path (the oldest
+    /// move to the spill backlog, or drop, counted).
+    pub fn push(&self, event: QueuedEvent) {
+        let capacity = self.capacity();
+        let limit = match self.store {
+            Some(_) => capacity + capacity.max(SPILL_BACKLOG_MIN),
+            None => capacity,
+        };
+        let event = {
+            let mut inbox = self.inbox.lock();
+            let held = self.buffered.load(Ordering::SeqCst) + inbox.len();
+            if held < limit {
+                inbox.push(event);
+                // Past `memory_capacity` the oldest belong in the spill backlog: the spill
+                // thread folds the inbox and writes them.
+                let ask = held >= capacity && !self.fold_asked.swap(true, Ordering::SeqCst);
+                drop(inbox);
+                if ask {
+                    self.ask_spiller();
+                }
+                return;
+            }
+            event
+        };
+        let overflow = {
+            let mut memory = self.memory();
+            memory.push(event, capacity, self.store.is_some())
+        };
+        self.counters
+            .drop(DropReason::MemoryOverflow, overflow.dropped);
+        if overflow.spill_started {
+            self.ask_spiller();
+        }
+    }
+
+    /// `durability = always`: queues the events and returns once a commit holds them, or why
+    /// not. Group commit on the callers' own threads: each caller queues its events, then waits
+    /// for the spill lock; whoever gets it commits everything queued by then in one
+    /// transaction, and the callers whose events that commit held find their generation done and
+    /// leave. No hand-off to another thread and back.
+    pub fn push_durably(
+        &self,
+        events: impl IntoIterator<Item = QueuedEvent>,
+    ) -> std::result::Result<(), String> {
+        let generation = {
+            let mut memory = self.memory();
+            for event in events {
+                memory.push_spill(event);
+            }
+            let mut signal = lock(&self.signal);
+            signal.requested += 1;
+            signal.requested
+        };
+        let deadline = Instant::now() + ALWAYS_COMMIT_WAIT;
+        loop {
+            {
+                let signal = lock(&self.signal);
+                if signal.committed >= generation {
+                    return Ok(());
+                }
+                if signal.failed >= generation {
+                    return Err(format!(
+                        "the store refused the write: {}",
+                        signal.last_error
+                    ));
+                }
+                if signal.stop {
+                    return Err("the spool shut down before the store committed".into());
+                }
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            let Some(guard) = self.spill_lock.try_lock_for(left) else {
+                return Err(format!(
+                    "the store did not commit within {} s",
+                    ALWAYS_COMMIT_WAIT.as_secs()
+                ));
+            };
+            let done = {
+                let signal = lock(&self.signal);
+                signal.committed >= generation || signal.failed >= generation
+            };
+            if !done {
+                let _ = self.spill_locked();
+            }
+            parking_lot::MutexGuard::unlock_fair(guard);
+        }
+    }
+
+    /// `track_batch` with a store (`durability = spill`): the whole batch is recorded, never
+    /// part of it dropped. What memory has room for is queued; the oldest rest is written to
+    /// the store on the caller's thread (back-pressure: a bulk call waits for the disk rather
+    /// than memory growing or events dropping). If the store refuses, nothing is recorded (the
+    /// notice waits for the caller). The events count as tracked before the worker can see
+    /// them; returns whether they were the first pending ones. Without a store, does nothing.
+    pub fn push_batch_spilling(&self, mut events: Vec<QueuedEvent>) -> Result<bool> {
+        let Some(store) = &self.store else {
+            return Ok(false);
+        };
+        let n = events.len() as u64;
+        if n == 0 {
+            return Ok(false);
+        }
+        let capacity = self.capacity();
+        // The worker and the spiller wait while the batch is split between memory and the
+        // store, so no event is seen half-recorded; other threads' track() calls do not.
+        let _guard = self.spill_lock.lock();
+        let room = self.memory().room(capacity);
+        if events.len() > room {
+            events.sort_unstable_by_key(QueuedEvent::key);
+            let rest = events.split_off(events.len() - room);
+            let direct = std::mem::replace(&mut events, rest);
+            if let Err(e) = self.insert_counted(store, &direct) {
+                self.counters.store_errors.fetch_add(1, Ordering::Relaxed);
+                self.notice_later(Notice::StoreUnavailable {
+                    reason: e.to_string(),
+                });
+                return Err(Error::BatchRefused(format!(
+                    "{n} events do not fit in memory (room for {room}) and the store \
+                     refused the rest: {e}"
+                )));
+            }
+        }
+        let first = self.counters.entered(Entry::Tracked, n) == 0;
+        if self.memory().push_batch(events, capacity) {
+            self.ask_spiller();
+        }
+        Ok(first)
+    }
+
+    // ---- the spill -----------------------------------------------------------------------
+
+    /// Moves the oldest part of the spill queue into the store (all of it with `durability =
+    /// always`, whose callers wait for one shared commit). The caller holds `spill_lock`, so a
+    /// refusal is queued as a notice for the caller to deliver after it let go.
+    fn spill_locked(&self) -> Result<()> {
+        let Some(store) = &self.store else {
+            return Ok(());
+        };
+        let (events, generation, rest) = {
+            let mut memory = self.memory();
+            let events = match self.params.durability {
+                Durability::Spill => memory.take_spill(SPILL_CHUNK),
+                Durability::Always => memory.take_unstored(),
+            };
+            (events, lock(&self.signal).requested, memory.spill_len())
+        };
+        if events.is_empty() {
+            self.mark_committed(generation, None);
+            return Ok(());
+        }
+        match self.insert_counted(store, &events) {
+            Ok(_) => {
+                // Everything requested up to `generation` is on disk only once nothing was left.
+                if rest == 0 {
+                    self.mark_committed(generation, None);
+                }
+                Ok(())
+            }
+            Err(e) => {
+                self.give_back_refused(events);
+                self.counters.store_errors.fetch_add(1, Ordering::Relaxed);
+                self.mark_committed(generation, Some(e.to_string()));
+                self.notice_later(Notice::StoreUnavailable {
+                    reason: e.to_string(),
+                });
+                Err(e)
+            }
+        }
+    }
+
+    /// Spills one chunk now; a thread waiting for the lock (the delivery worker) gets it next.
+    /// The caller delivers the notices.
+    pub fn spill_now(&self) -> Result<()> {
+        let guard = self.spill_lock.lock();
+        let result = self.spill_locked();
+        parking_lot::MutexGuard::unlock_fair(guard);
+        result
+    }
+
+    fn mark_committed(&self, generation: u64, error: Option<String>) {
+        let failed = error.is_some();
+        let mut s = lock(&self.signal);
+        match error {
+            None => s.committed = s.committed.max(generation),
+            Some(e) => {
+                s.failed = s.failed.max(generation);
+                s.last_error = e;
+            }
+        }
+        drop(s);
+        // Only the spill thread waits on this, and only a refusal gives it work (a retry);
+        // `durability = always` callers wait on the spill lock, not here.
+        if failed {
+            self.spill_cv.notify_all();
+        }
+    }
+
+    /// The spill thread: moves overflow to disk so `track()` never waits on SQLite. It wakes
+    /// when the spill backlog starts filling and commits it chunk by chunk. `deliver` hands the
+    /// notices of a refusal to the observers (no lock held); a refused spill is retried after
+    /// a second, its events kept in memory meanwhile.
+    pub fn run_spiller(&self, deliver: impl Fn()) {
+        loop {
+            {
+                let mut signal = lock(&self.signal);
+                while signal.committed >= signal.requested && !signal.stop {
+                    signal = self
+                        .spill_cv
+                        .wait(signal)
+                        .unwrap_or_else(|p| p.into_inner());
+                }
+                if signal.stop {
+                    return;
+                }
+            }
+            let result = self.spill_now();
+            deliver();
+            if result.is_err() {
+                let signal = lock(&self.signal);
+                if !signal.stop {
+                    let _ = self.spill_cv.wait_timeout(signal, Duration::from_secs(1));
+                }
+            }
+        }
+    }
+
+    /// Ends the spill thread's loop (shutdown), and the wait of `durability = always` callers.
+    pub fn stop_spiller(&self) {
+        lock(&self.signal).stop = true;
+        self.spill_cv.notify_all();
+    }
+
+    /// Puts back events the store refused. With `spill` they wait to spill again (the worker
+    /// reads that queue too). With `always` they join the queue the worker reads, bounded like
+    /// the spill backlog (`max(memory_capacity, SPILL_BACKLOG_MIN)`, the oldest dropped as
+    /// `memory_overflow`): a full disk must neither hide them from delivery nor grow memory.
+    fn give_back_refused(&self, events: Vec<QueuedEvent>) {
+        match self.params.durability {
+            Durability::Spill => self.memory().return_spill(events),
+            Durability::Always => {
+                let max = self.capacity().max(SPILL_BACKLOG_MIN);
+                let dropped = self.memory().keep_refused(events, max);
+                self.counters.drop(DropReason::MemoryOverflow, dropped);
+            }
+        }
+    }
+
+    /// Writes events into the store's queue and counts what its cap evicted to make room
+    /// (`disk_cap`, `quarantine_cap`): spill, persist and a large `track_batch` all write
+    /// through here, so no eviction goes uncounted.
+    fn insert_counted(&self, store: &Store, events: &[QueuedEvent]) -> Result<Inserted> {
+        let report = store.insert(events)?;
+        self.counters.drop(DropReason::DiskCap, report.evicted);
+        self.counters
+            .drop(DropReason::QuarantineCap, report.evicted_quarantine);
+        Ok(report)
+    }
+
+    /// Moves everything in memory to the store (see [`crate::EventSpool::persist`]); a
+    /// refusal is queued as a `StoreUnavailable` notice for the caller to deliver.
+    pub fn persist(&self) -> Result<u64> {
+        let Some(store) = &self.store else {
+            return Ok(0);
+        };
+        let _guard = self.spill_lock.lock();
+        let (moved, copies) = self.memory().take_for_persist();
+        // The batch in flight is written as leased rows: eviction, expiry and purge_pending()
+        // skip them and no other batch reads them, so each event stays in one place, counted once.
+        let copy_seqs: Vec<u64> = copies.iter().map(|e| e.seq).collect();
+        store.lease(&copy_seqs);
+        let first_copy = moved.len();
+        let mut all = moved;
+        all.extend(copies);
+        match self.insert_counted(store, &all) {
+            Ok(report) => Ok(report.inserted),
+            Err(e) => {
+                all.truncate(first_copy);
+                store.release(&copy_seqs);
+                self.memory().unmark_persisted(&copy_seqs);
+                self.give_back_refused(all);
+                self.counters.store_errors.fetch_add(1, Ordering::Relaxed);
+                self.notice_later(Notice::StoreUnavailable {
+                    reason: e.to_string(),
+                });
+                Err(e)
+            }
+        }
+    }
+
+    // ---- the delivery worker ---------------------------------------------------------------
+
+    /// The next batch in delivery order from memory and store together: at most `limit`
+    /// events and `room` bytes (each event's size plus its comma; the first event is always
+    /// taken, so a limit learned below one event still sends). Each event comes with whether
+    /// it was read from the store; all of them are leased until [`Queue::ack`] or
+    /// [`Queue::release`].
+    pub fn next_batch(&self, limit: usize, room: u64) -> Vec<(QueuedEvent, bool)> {
+        // Held while the batch is picked, so a spill in progress (events in neither memory nor
+        // the store yet) finishes first. Events still waiting to spill are read from memory,
+        // except with `durability = always`: there a caller is waiting for them to reach the
+        // disk, so they are committed first and read from the store.
+        let _guard = self.spill_lock.lock();
+        let always = self.params.durability == Durability::Always;
+        if always && let Err(e) = self.spill_locked() {
+            tracing::warn!(error = %e, "spill before batch failed; sending what is stored");
+        }
+        let from_store = match &self.store {
+            Some(store) => store.oldest(limit).unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "reading the store failed; sending from memory");
+                Vec::new()
+            }),
+            None => Vec::new(),
+        };
+        let mut memory = self.memory();
+        let mut picked: Vec<(QueuedEvent, bool)> = Vec::new();
+        let mut memory_keys = Vec::new();
+        let mut bytes = 0u64;
+        {
+            let mut disk = from_store.into_iter().peekable();
+            let mut in_memory = memory.peek(limit, !always).peekable();
+            while picked.len() < limit {
+                let take_disk = match (disk.peek(), in_memory.peek()) {
+                    (Some(d), Some(m)) => d.key() <= m.key(),
+                    (Some(_), None) => true,
+                    (None, Some(_)) => false,
+                    (None, None) => break,
+                };
+                let size = if take_disk {
+                    disk.peek().map(QueuedEvent::bytes)
+                } else {
+                    in_memory.peek().map(|m| m.bytes())
+                };
+                let size = size.unwrap_or(0) + 1;
+                if !picked.is_empty() && bytes + size > room {
+                    break;
+                }
+                bytes += size;
+                if take_disk {
+                    if let Some(event) = disk.next() {
+                        picked.push((event, true));
+                    }
+                } else if let Some(event) = in_memory.next() {
+                    memory_keys.push(event.key());
+                    picked.push((event.clone(), false));
+                }
+            }
+        }
+        if picked.is_empty() {
+            return picked;
+        }
+        memory.lease(&memory_keys);
+        drop(memory);
+        if let Some(store) = &self.store {
+            store.lease(&seqs_by_origin(&picked).1);
+        }
+        picked
+    }
+
+    /// Takes events out of the queue after the collector answered for them (delivered or
+    /// quarantined): from the store, and from the in-flight set in memory.
+    pub fn ack(&self, events: &[(QueuedEvent, bool)]) -> Result<()> {
+        let _guard = self.spill_lock.lock();
+        let (memory, mut on_disk) = seqs_by_origin(events);
+        on_disk.extend(self.memory().acknowledge(&memory));
+        if let Some(store) = &self.store
+            && !on_disk.is_empty()
+        {
+            store.delete(&on_disk)?;
+        }
+        Ok(())
+    }
+
+    /// Gives events of an unanswered batch back to the queue, each to where it came from.
+    pub fn release(&self, events: &[(QueuedEvent, bool)]) {
+        let _guard = self.spill_lock.lock();
+        let (memory, on_disk) = seqs_by_origin(events);
+        self.memory().release(&memory);
+        if let Some(store) = &self.store {
+            store.release(&on_disk);
+            // Memory events `persist()` wrote as leased rows meanwhile now queue in the store.
+            store.release(&memory);
+        }
+    }
+
+    /// After a restart of the worker (a caught panic), nothing is in flight any more.
+    pub fn release_all(&self) {
+        let _guard = self.spill_lock.lock();
+        self.memory().release_all();
+        if let Some(store) = &self.store {
+            store.release_all();
+        }
+    }
+
+    /// Records a send's bookkeeping for a batch's events where each one lives: the in-flight copy
+    /// in memory (and its row, when `persist()` copied it there) or its row in the store.
+    pub fn note_sends(&self, events: &[(QueuedEvent, bool)], note: SendNote) -> Result<()> {
+        let _guard = self.spill_lock.lock();
+        let (memory, mut on_disk) = seqs_by_origin(events);
+        on_disk.extend(self.memory().note_sends(&memory, note));
+        match &self.store {
+            Some(store) => store.note_sends(&on_disk, note),
+            None => Ok(()),
+        }
+    }
+
+    /// Takes events of a batch out of the queue because they expired before they could be sent
+    /// (again); counts them `expired`.
+    pub fn drop_expired(&self, events: &[(QueuedEvent, bool)]) -> Result<()> {
+        let _guard = self.spill_lock.lock();
+        let (memory, mut on_disk) = seqs_by_origin(events);
+        on_disk.extend(self.memory().acknowledge(&memory));
+        self.counters.drop(DropReason::Expired, events.len() as u64);
+        match &self.store {
+            Some(store) if !on_disk.is_empty() => store.delete_expired(&on_disk).map(|_| ()),
+            _ => Ok(()),
+        }
+    }
+
+    /// Drops every queued event (not in flight), in memory and in the store, accepted before
+    /// `cutoff_ms`; counts them `expired` and returns their ids.
+    pub fn expire(&self, cutoff_ms: i64) -> Vec<EventId> {
+        let mut gone = self.memory().expire(cutoff_ms);
+        self.counters.drop(DropReason::Expired, gone.len() as u64);
+        if let Some(store) = &self.store {
+            match store.expire(cutoff_ms) {
+                Ok(ids) => {
+                    self.counters.drop(DropReason::Expired, ids.len() as u64);
+                    gone.extend(ids);
+                }
+                Err(e) => tracing::warn!(error = %e, "expiring stored events failed"),
+            }
+        }
+        gone
+    }
+
+    /// Stores quarantined events (SQLite or memory) and applies the quarantine's limits; the
+    /// batch's stored rows leave the queue in the same transaction (see
+    /// `Store::with_quarantine_moving`). The caller then [`Queue::ack`]s the batch.
+    pub fn quarantine(
+        &self,
+        entries: Vec<QuarantinedEvent>,
+        events: &[(QueuedEvent, bool)],
+        wall_ms: i64,
+    ) -> Result<()> {
+        let cutoff = wall_ms.saturating_sub(self.params.quarantine_retention_ms as i64);
+        let max = self.params.quarantine_max_events;
+        let from_queue = seqs_by_origin(events).1;
+        let evicted = match &self.store {
+            Some(store) => {
+                store.with_quarantine_moving(&from_queue, |q| q.add(&entries, max, cutoff))?
+            }
+            None => lock(&self.memory_quarantine).add(entries, max, cutoff),
+        };
+        self.counters.drop(DropReason::QuarantineCap, evicted.cap);
+        self.counters
+            .drop(DropReason::QuarantineExpired, evicted.expired);
+        Ok(())
+    }
+
+    // ---- the app's and the operator's verbs ------------------------------------------------
+
+    /// Deletes every queued event (memory and store) that is not in flight; counts them
+    /// `purged` and returns how many.
+    pub fn purge(&self) -> Result<u64> {
+        let _guard = self.spill_lock.lock();
+        let mut n = self.memory().clear();
+        if let Some(store) = &self.store {
+            n += store.purge_queue()?;
+        }
+        self.counters.drop(DropReason::Purged, n);
+        Ok(n)
+    }
+
+    /// Moves quarantined events back to the queue with their original `event_id`, new seqs
+    /// from `next_seq` and acceptance `wall_ms`; counts them `redriven`.
+    pub fn redrive(
+        &self,
+        selector: &Selector,
+        wall_ms: i64,
+        mut next_seq: impl FnMut() -> u64,
+    ) -> Result<u64> {
+        match &self.store {
+            Some(store) => {
+                let _guard = self.spill_lock.lock();
+                let n = store.redrive(selector, wall_ms, next_seq)?;
+                // Counted before the lock goes, so the worker cannot deliver them first and
+                // take `pending` below zero.
+                self.counters.entered(Entry::Redriven, n);
+                Ok(n)
+            }
+            None => {
+                let taken = lock(&self.memory_quarantine).take(selector);
+                let n = taken.len() as u64;
+                self.counters.entered(Entry::Redriven, n);
+                for q in taken {
+                    let id = EventId::parse(&q.event_id)?;
+                    let event = QueuedEvent {
+                        ts_ms: q.ts_ms,
+                        seq: next_seq(),
+                        id,
+                        json: q.body.into_boxed_str(),
+                        // A new acceptance with a fresh send budget (see `Store::redrive`).
+                        accepted_ms: wall_ms,
+                        sends: q.sends,
+                        unanswered: 0,
+                    };
+                    let overflow = self.memory().push(event, self.capacity(), false);
+                    self.counters
+                        .drop(DropReason::MemoryOverflow, overflow.dropped);
+                }
+                Ok(n)
+            }
+        }
+    }
+
+    /// The first free seq of the store (an operator's redrive continues from it).
+    pub fn store_next_seq(&self) -> Result<u64> {
+        match &self.store {
+            Some(store) => store.next_seq(),
+            None => Ok(1),
+        }
+    }
+
+    /// Quarantined events, oldest first.
+    pub fn quarantine_list(&self, filter: &ListFilter) -> Result<Vec<QuarantinedEvent>> {
+        match &self.store {
+            Some(store) => store.with_quarantine(|q| q.list(filter)),
+            None => Ok(lock(&self.memory_quarantine).list(filter)),
+        }
+    }
+
+    pub fn quarantine_get(&self, event_id: &str) -> Result<Option<QuarantinedEvent>> {
+        match &self.store {
+            Some(store) => store.with_quarantine(|q| q.get(event_id)),
+            None => Ok(lock(&self.memory_quarantine).get(event_id)),
+        }
+    }
+
+    /// Deletes quarantined events for good. Returns how many.
+    pub fn quarantine_purge(&self, selector: &Selector) -> Result<u64> {
+        match &self.store {
+            Some(store) => store.with_quarantine(|q| q.purge(selector)),
+            None => Ok(lock(&self.memory_quarantine).take(selector).len() as u64),
+        }
+    }
+
+    /// What [`crate::Stats`] reports of the queue: events in memory, in the store, the store's
+    /// bytes on disk, and the quarantine by reason.
+    pub fn fill_stats(&self, stats: &mut crate::stats::Stats) {
+        stats.pending_memory = self.memory().len() as u64;
+        if let Some(store) = &self.store {
+            stats.pending_disk = store.len();
+            stats.store_bytes = store.disk_usage();
+            stats.quarantine = store.with_quarantine(|q| q.counts()).unwrap_or_default();
+        } else {
+            stats.quarantine = lock(&self.memory_quarantine).counts();
+        }
+    }
+
+    /// Gives up the store's owner lock (after shutdown) so another handle may open it.
+    pub fn release_ownership(&self) {
+        if let Some(store) = &self.store {
+            store.release_ownership();
+        }
+    }
+}
+
+/// The seqs of a batch's events, split by where each came from: (memory, store). The flag beside
+/// each event says it was read from the store.
+fn seqs_by_origin(events: &[(QueuedEvent, bool)]) -> (Vec<u64>, Vec<u64>) {
+    let (disk, memory): (Vec<_>, Vec<_>) = events.iter().partition(|(_, from_store)| *from_store);
+    let seqs = |v: Vec<&(QueuedEvent, bool)>| v.iter().map(|(e, _)| e.seq).collect();
+    (seqs(memory), seqs(disk))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::EventId;
+
+    fn event(ts: i64, seq: u64) -> QueuedEvent {
+        let id = EventId::new();
+        QueuedEvent {
+            ts_ms: ts,
+            seq,
+            id,
+            json: format!(r#"{{"event_id":"{id}","name":"e"}}"#).into_boxed_str(),
+            accepted_ms: ts,
+            sends: 0,
+            unanswered: 0,
+        }
+    }
+
+    fn params(memory_capacity: u64, durability: Durability) -> QueueParams {
+        QueueParams {
+            memory_capacity,
+            durability,
+            quarantine_max_events: 1_000,
+            quarantine_retention_ms: 1_000_000,
+        }
+    }
+
+    /// Events tracked into the inbox (shuffled timestamps) come out in delivery order, and the
+    /// memory-only limit still drops exactly the oldest, counted.
+    #[test]
+    fn the_inbox_keeps_delivery_order_and_the_memory_limit() {
+        let counters = Ledger::default();
+        let q = Queue::in_memory(
+            params(4, Durability::Spill),
+            counters.clone(),
+            Default::default(),
+        );
+        for (ts, seq) in [(50, 1), (10, 2), (40, 3), (20, 4), (30, 5), (60, 6)] {
+            q.push(event(ts, seq));
+        }
+        let batch: Vec<_> = q
+            .next_batch(10, u64::MAX)
+            .into_iter()
+            .map(|(e, from_store)| (e.key(), from_store))
+            .collect();
+        assert_eq!(
+            batch,
+            [(30, 5), (40, 3), (50, 1), (60, 6)].map(|k| (k, false)),
+            "the two oldest were dropped, the rest in timestamp order"
+        );
+        assert_eq!(counters.snapshot().dropped(DropReason::MemoryOverflow), 2);
+    }
+
+    /// `durability = always`: callers that queue while a commit is under way share the next
+    /// one. Eight callers queue while the spill lock is held elsewhere; once it is let go, one
+    /// transaction holds all eight events and every caller returns `Ok`.
+    #[test]
+    fn durable_callers_waiting_together_share_one_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let opened = Queue::open(
+            &dir.path().join("q.db"),
+            64 << 20,
+            0,
+            params(1_000, Durability::Always),
+            Ledger::default(),
+            Default::default(),
+        )
+        .unwrap();
+        let q = Arc::new(opened.queue);
+        let store_commits = || q.store.as_ref().unwrap().insert_transactions();
+        let held = q.spill_lock.lock();
+        let callers: Vec<_> = (0..8u64)
+            .map(|i| {
+                let q = q.clone();
+                std::thread::spawn(move || q.push_durably([event(100 + i as i64, i + 1)]))
+            })
+            .collect();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while lock(&q.signal).requested < 8 {
+            assert!(Instant::now() < deadline, "the callers did not queue");
+            std::thread::yield_now();
+        }
+        drop(held);
+        for caller in callers {
+            assert_eq!(caller.join().unwrap(), Ok(()));
+        }
+        assert_eq!(q.store.as_ref().unwrap().len(), 8);
+        assert_eq!(store_commits(), 1, "one commit for the eight callers");
+        // A caller on its own commits on its own thread and returns.
+        assert_eq!(q.push_durably([event(200, 9)]), Ok(()));
+        assert_eq!(store_commits(), 2);
+        assert_eq!(q.store.as_ref().unwrap().len(), 9);
+    }
+}

@@ -538,13 +538,16 @@ fn properties(big: bool) -> serde_json::Value {
 }
 
 /// Where the worker rests once it has done all it will do without a new request from the app.
+/// `WaitingForUser` is not such a place: behind it the slow probe goes out by itself, at once on
+/// this clock whose sleeps complete immediately, and its answer may deliver or quarantine
+/// events while the harness reads the quarantine.
 fn at_rest(status: &DeliveryStatus, online: bool) -> bool {
     if !online {
         return matches!(status.state, DeliveryState::Offline);
     }
     match status.state {
         DeliveryState::Idle => status.pending == 0,
-        DeliveryState::WaitingForUser { .. } | DeliveryState::Paused { .. } => true,
+        DeliveryState::Paused { .. } => true,
         _ => false,
     }
 }

@@ -75,8 +75,9 @@ pub struct Config {
     pub allow_insecure_http: bool,
 }
 
-/// How `Debug` shows an API key: whether there is one, never its text.
-pub(crate) fn redacted_key(key: &Option<String>) -> Option<&'static str> {
+/// How `Debug` shows an API key: whether there is one, never its text. Public so the FFI config
+/// record (bindings/ffi) shows a key the same way.
+pub fn redacted_key(key: &Option<String>) -> Option<&'static str> {
     key.as_ref().map(|_| "<redacted>")
 }
 
@@ -395,7 +396,7 @@ fn parse_u64(name: &str, value: &str) -> Result<u64, ConfigError> {
 
 /// `https://` anywhere; `http://` only to loopback, unless the app says otherwise on purpose.
 fn validate_endpoint(endpoint: &str, allow_insecure_http: bool) -> Result<(), ConfigError> {
-    let url = reqwest::Url::parse(endpoint)
+    let url = url::Url::parse(endpoint)
         .map_err(|e| ConfigError::new("endpoint", format!("'{endpoint}' is not a URL: {e}")))?;
     let host = url
         .host_str()

@@ -32,15 +32,6 @@ pub mod transport;
 mod wire;
 mod worker;
 
-#[cfg(feature = "collector")]
-pub mod collector;
-
-/// The UniFFI surface for Kotlin, Swift and Python (`bindings/`).
-#[cfg(feature = "ffi")]
-pub mod ffi;
-#[cfg(feature = "ffi")]
-uniffi::setup_scaffolding!();
-
 pub use buffer::SPILL_BACKLOG_MIN;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{Compression, Config, Durability};

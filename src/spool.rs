@@ -18,7 +18,9 @@ use crate::shared::{Control, Shared, SpillSignal, StateCell, lock};
 use crate::state::{DeliveryObserver, DeliveryState, DeliveryStatus, Notice};
 use crate::stats::{Counters, DropReason, Entry, Stats};
 use crate::store::Store;
-use crate::transport::{ReqwestTransport, Transport, TransportError};
+use crate::transport::Transport;
+#[cfg(feature = "reqwest")]
+use crate::transport::{ReqwestTransport, TransportError};
 use crate::worker;
 
 /// How long `track()` with `durability = always` waits for its commit before it gives up on
@@ -46,7 +48,8 @@ impl SpoolBuilder {
         self
     }
 
-    /// The HTTP stack (default: the built-in reqwest transport).
+    /// The HTTP stack (default: the built-in reqwest transport; required when the crate is built
+    /// without its `reqwest` feature).
     pub fn transport(mut self, transport: Arc<dyn Transport>) -> Self {
         self.transport = Some(transport);
         self
@@ -124,6 +127,17 @@ impl EventSpool {
         let clock = b.clock.unwrap_or_else(|| Arc::new(SystemClock::new()));
         let transport: Arc<dyn Transport> = match b.transport {
             Some(t) => t,
+            // Without the built-in transport the app must bring one: say so rather than fail at
+            // the first send.
+            #[cfg(not(feature = "reqwest"))]
+            None => {
+                return Err(ConfigError::new(
+                    "transport",
+                    "this build has no built-in HTTP transport (feature `reqwest` is off): pass one with SpoolBuilder::transport",
+                )
+                .into());
+            }
+            #[cfg(feature = "reqwest")]
             None => Arc::new(
                 ReqwestTransport::new()
                     .map_err(|e: TransportError| Error::Storage(format!("HTTP client: {e}")))?,

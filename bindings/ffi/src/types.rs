@@ -3,10 +3,10 @@
 
 use std::collections::HashMap;
 
-use crate::classify::Failure;
-use crate::quarantine;
-use crate::state::{self, PauseReason as CorePauseReason};
-use crate::stats::Stats;
+use eventspool::classify::Failure;
+use eventspool::quarantine;
+use eventspool::state::{self, PauseReason as CorePauseReason};
+use eventspool::stats::Stats;
 
 /// Why the last attempt failed: the HTTP status when there was one, and a short text that
 /// never holds the API key or an event payload.

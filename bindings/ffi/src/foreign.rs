@@ -1,5 +1,5 @@
 //! Traits the app implements in Kotlin, Swift or Python, and their adapters onto the core's
-//! [`crate::DeliveryObserver`] and [`crate::Transport`].
+//! [`eventspool::DeliveryObserver`] and [`eventspool::Transport`].
 //!
 //! Every method returns `Result` so that an exception thrown in foreign code (of any type)
 //! comes back to Rust as an `Err` instead of a panic; the adapters count or classify it and
@@ -13,8 +13,8 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 
 use super::types::{DeliveryStatus, SpoolNotice};
-use crate::state;
-use crate::transport::{self, Transport, TransportError};
+use eventspool::state;
+use eventspool::transport::{self, Transport, TransportError};
 
 /// What an observer may throw. Any exception is accepted: an undeclared one arrives as
 /// `Unexpected`. Either way it is logged, counted in `callback_errors`, and ignored.

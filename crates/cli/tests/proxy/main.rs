@@ -9,7 +9,7 @@
 //! events delivered and quarantined — `cargo test --all-features --test proxy -- --nocapture`.
 //! (The target needs the `cli` feature: the oversize-header scenario runs the real binary.)
 
-#[path = "../support/episode.rs"]
+#[path = "../../../../tests/support/episode.rs"]
 mod episode;
 mod harness;
 mod nginx;

@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# Builds the eventspool library and generates its Kotlin, Swift and Python bindings.
+# Builds the eventspool FFI library (crate bindings/ffi) and generates its Kotlin, Swift and
+# Python bindings.
 #
 #   bash bindings/generate.sh            # debug cdylib, all features: fast, reuses the build of
-#                                        # `cargo test --all-features` (what CI and the suites use)
-#   bash bindings/generate.sh --release  # the mobile-like library: release, `--no-default-features
-#                                        # --features ffi` (no collector, no CLI)
+#                                        # `cargo test --workspace --all-features` (what CI and the suites use)
+#   bash bindings/generate.sh --release  # the mobile-like library: release, `-p eventspool-ffi`
+#                                        # alone (no collector, no CLI, no generator)
 #
 # Outputs (build output, ignored by git, regenerated in CI):
 #   bindings/kotlin/src/main/kotlin/uniffi/eventspool/eventspool.kt
-#   bindings/python/eventspool.py + bindings/python/libeventspool.so (the module loads it from beside itself)
+#   bindings/python/eventspool.py + bindings/python/libeventspool_ffi.so (the module loads it from beside itself)
 #   bindings/swift/Sources/EventSpool/eventspool.swift + bindings/swift/include/ (header + modulemap for the XCFramework)
-#   bindings/native/libeventspool.so (the library the Kotlin tests load through JNA)
+#   bindings/native/libeventspool_ffi.so (the library the Kotlin tests load through JNA)
 # The generator reads the interface from the library itself (UniFFI library mode), so the
 # bindings always match the library they ship with.
 set -euo pipefail
@@ -18,20 +19,22 @@ cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
 
 if [[ "${1:-}" == "--release" ]]; then
-    cargo build --release --lib --no-default-features --features ffi
+    cargo build --release -p eventspool-ffi --lib
     lib_dir=target/release
 else
-    cargo build --lib --all-features
+    # The whole workspace's features, as `cargo test --workspace --all-features` resolves them,
+    # so this reuses that build instead of compiling the SDK a second time.
+    cargo build --workspace --all-features --lib
     lib_dir=target/debug
 fi
 case "$(uname -s)" in
-    Darwin) lib="$lib_dir/libeventspool.dylib" ;;
-    *) lib="$lib_dir/libeventspool.so" ;;
+    Darwin) lib="$lib_dir/libeventspool_ffi.dylib" ;;
+    *) lib="$lib_dir/libeventspool_ffi.so" ;;
 esac
 
-# The generator is built with the same features as `cargo test --all-features`, so CI reuses
-# that build instead of compiling the crate a second time.
-cargo build --all-features --bin uniffi-bindgen
+# The generator is built with the same features as `cargo test --workspace --all-features`, so
+# CI reuses that build instead of compiling the crate a second time.
+cargo build --workspace --all-features --bin uniffi-bindgen
 bindgen=target/debug/uniffi-bindgen
 
 tmp="$(mktemp -d)"

@@ -16,8 +16,8 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use eventspool::collector::{CollectorConfig, ReferenceCollector, Scripted};
 use eventspool::{Config, EventSpool, NewEvent};
+use eventspool_collector::{CollectorConfig, ReferenceCollector, Scripted};
 use serde_json::json;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

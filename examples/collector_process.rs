@@ -12,7 +12,7 @@ use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use eventspool::collector::{CollectorConfig, ReferenceCollector};
+use eventspool_collector::{CollectorConfig, ReferenceCollector};
 
 fn main() {
     if let Err(e) = run() {

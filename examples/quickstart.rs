@@ -5,8 +5,8 @@
 
 use std::time::{Duration, Instant};
 
-use eventspool::collector::{CollectorConfig, ReferenceCollector};
 use eventspool::{Config, EventSpool};
+use eventspool_collector::{CollectorConfig, ReferenceCollector};
 use serde_json::json;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -172,9 +172,7 @@ pub fn body_excerpt(body: &[u8]) -> String {
 
 /// The standard reason phrase of a status ("Bad Gateway"), when it has one.
 pub fn reason_phrase(status: u16) -> Option<&'static str> {
-    reqwest::StatusCode::from_u16(status)
-        .ok()?
-        .canonical_reason()
+    http::StatusCode::from_u16(status).ok()?.canonical_reason()
 }
 
 /// A response body as one line of text a person can read: markup stripped (an HTML page keeps

@@ -366,7 +366,7 @@ fn parse_u64(name: &str, value: &str) -> Result<u64, ConfigError> {
 
 /// `https://` anywhere; `http://` only to loopback, unless the app says otherwise on purpose.
 fn validate_endpoint(endpoint: &str, allow_insecure_http: bool) -> Result<(), ConfigError> {
-    let url = reqwest::Url::parse(endpoint)
+    let url = url::Url::parse(endpoint)
         .map_err(|e| ConfigError::new("endpoint", format!("'{endpoint}' is not a URL: {e}")))?;
     let host = url
         .host_str()

@@ -38,15 +38,6 @@ pub(crate) mod transport;
 mod wire;
 mod worker;
 
-#[cfg(feature = "collector")]
-pub mod collector;
-
-/// The UniFFI surface for Kotlin, Swift and Python (`bindings/`).
-#[cfg(feature = "ffi")]
-pub mod ffi;
-#[cfg(feature = "ffi")]
-uniffi::setup_scaffolding!();
-
 pub use classify::Failure;
 #[cfg(feature = "test-util")]
 pub use clock::ManualClock;
@@ -65,4 +56,4 @@ pub use queue::disk_usage;
 pub use spool::{EventSpool, SpoolBuilder};
 pub use state::{DeliveryObserver, DeliveryState, DeliveryStatus, Notice, PauseReason};
 pub use stats::{DropReason, Stats};
-pub use transport::{HttpRequest, HttpResponse, Transport, TransportError};
+pub use transport::{HttpRequest, HttpResponse, Transport, TransportError, response_bound};

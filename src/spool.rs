@@ -18,7 +18,9 @@ use crate::queue::{Queue, QueueParams};
 use crate::shared::{Control, Ledger, Shared, StateCell, lock};
 use crate::state::{DeliveryObserver, DeliveryState, DeliveryStatus, Notice};
 use crate::stats::{Entry, Stats};
-use crate::transport::{ReqwestTransport, Transport, TransportError};
+use crate::transport::Transport;
+#[cfg(feature = "reqwest")]
+use crate::transport::{ReqwestTransport, TransportError};
 use crate::worker;
 
 /// How long `shutdown()` waits for the worker to hand back a batch whose attempt it abandoned
@@ -42,7 +44,8 @@ impl SpoolBuilder {
         self
     }
 
-    /// The HTTP stack (default: the built-in reqwest transport).
+    /// The HTTP stack (default: the built-in reqwest transport; required when the crate is built
+    /// without its `reqwest` feature).
     pub fn transport(mut self, transport: Arc<dyn Transport>) -> Self {
         self.transport = Some(transport);
         self
@@ -120,6 +123,17 @@ impl EventSpool {
         let clock = b.clock.unwrap_or_else(|| Arc::new(SystemClock::new()));
         let transport: Arc<dyn Transport> = match b.transport {
             Some(t) => t,
+            // Without the built-in transport the app must bring one: say so rather than fail at
+            // the first send.
+            #[cfg(not(feature = "reqwest"))]
+            None => {
+                return Err(ConfigError::new(
+                    "transport",
+                    "this build has no built-in HTTP transport (feature `reqwest` is off): pass one with SpoolBuilder::transport",
+                )
+                .into());
+            }
+            #[cfg(feature = "reqwest")]
             None => Arc::new(
                 ReqwestTransport::new()
                     .map_err(|source: TransportError| Error::HttpClient { source })?,

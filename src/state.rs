@@ -15,8 +15,8 @@
 
 use crate::classify::Failure;
 
+/// Exhaustive on purpose, like [`DeliveryState`]: each reason asks the user for something else.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
 pub enum PauseReason {
     /// 401/403: the credentials were refused.
     Auth,
@@ -33,8 +33,10 @@ impl PauseReason {
     }
 }
 
+/// Not `#[non_exhaustive]`, on purpose: the states are the contract a UI renders
+/// (docs/delivery.md §States), and a UI that switches over them, here or through the bindings,
+/// must fail to compile when a state is added rather than show nothing for it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
 pub enum DeliveryState {
     Idle,
     Sending,

@@ -83,7 +83,7 @@ pub fn run() -> Result<Vec<Row>, Box<dyn std::error::Error>> {
 fn scenario(pace: u64, label: &str) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
     let dir = tempfile::tempdir()?;
     let collector =
-        eventspool::collector::ReferenceCollector::start(eventspool::collector::CollectorConfig {
+        eventspool_collector::ReferenceCollector::start(eventspool_collector::CollectorConfig {
             db_path: Some(dir.path().join("collector.db")),
             max_request_records: 16,
             ..Default::default()

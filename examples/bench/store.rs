@@ -4,8 +4,8 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use eventspool::collector::{CollectorConfig, ReferenceCollector};
 use eventspool::{Compression, Config, EventSpool};
+use eventspool_collector::{CollectorConfig, ReferenceCollector};
 use serde_json::json;
 
 use crate::{EVENT_NAME, Row, properties};

@@ -3,12 +3,14 @@
 //! app plugs in its platform stack (OkHttp, URLSession) through the FFI so it gets the system
 //! trust store, proxies and background sessions.
 
+#[cfg(feature = "reqwest")]
 mod reqwest_transport;
 
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 
+#[cfg(feature = "reqwest")]
 pub use reqwest_transport::ReqwestTransport;
 
 /// Room in any answer for what is not a `rejected` entry (counts, messages, whitespace), and the

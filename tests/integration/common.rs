@@ -2,10 +2,10 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use eventspool::collector::{CollectorConfig, ReferenceCollector};
 use eventspool::{
     Clock, Config, DeliveryObserver, DeliveryState, DeliveryStatus, EventSpool, ManualClock,
 };
+use eventspool_collector::{CollectorConfig, ReferenceCollector};
 
 pub const WAIT: Duration = Duration::from_secs(60);
 

@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use eventspool::collector::Behavior;
 use eventspool::{DeliveryState, DropReason, EventSpool, NewEvent, Selector};
+use eventspool_collector::Behavior;
 use serde_json::json;
 
 use crate::common::*;

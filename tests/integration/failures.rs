@@ -3,9 +3,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use eventspool::collector::Scripted;
 use eventspool::retry::backoff_ceiling_ms;
 use eventspool::{Clock, DeliveryState, EventSpool, PauseReason};
+use eventspool_collector::Scripted;
 use serde_json::json;
 
 use crate::common::*;
@@ -169,7 +169,7 @@ fn dismiss_keeps_events_until_the_next_periodic_flush() {
 fn unauthorized_pauses_without_requests_until_a_new_key() {
     let rig = rig()
         .collector(|c| {
-            c.set_behavior(eventspool::collector::Behavior {
+            c.set_behavior(eventspool_collector::Behavior {
                 required_api_key: Some("good".into()),
                 ..Default::default()
             })
@@ -294,7 +294,7 @@ fn retry_after_is_honoured_on_the_driven_clock_and_capped() {
     );
 }
 
-fn collector_with_retry_after(value: &str) -> eventspool::collector::ReferenceCollector {
+fn collector_with_retry_after(value: &str) -> eventspool_collector::ReferenceCollector {
     let c = collector();
     c.push_script([Scripted::Status {
         status: 429,
@@ -314,7 +314,7 @@ fn elapsed_budget_hands_over_to_the_user() {
     const BUDGET_MS: u64 = 18_000;
     let rig = rig()
         .collector(|c| {
-            c.set_behavior(eventspool::collector::Behavior {
+            c.set_behavior(eventspool_collector::Behavior {
                 fail_rate: 1.0,
                 retry_after: Some((DELAY_MS / 1000).to_string()),
                 ..Default::default()

@@ -4,8 +4,8 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use eventspool::collector::Scripted;
 use eventspool::{DropReason, EventSpool, NewEvent, disk_usage};
+use eventspool_collector::Scripted;
 use serde_json::json;
 
 use crate::common::*;

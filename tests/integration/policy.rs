@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use eventspool::collector::{Behavior, Scripted};
 use eventspool::{Compression, DeliveryState, EventSpool, ManualClock, PauseReason};
+use eventspool_collector::{Behavior, Scripted};
 use serde_json::json;
 
 use crate::common::*;
@@ -177,7 +177,7 @@ fn short_outage_run(clock: &ManualClock, spool: &EventSpool, collector: &Referen
     settle(spool);
 }
 
-type ReferenceCollectorRef = eventspool::collector::ReferenceCollector;
+type ReferenceCollectorRef = eventspool_collector::ReferenceCollector;
 
 /// With the default retry policy every event is delivered by 40 s, without anyone pressing
 /// "retry". The jitter is seeded so each run replays exactly; several seeds, because the

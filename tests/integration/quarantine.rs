@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-use eventspool::collector::{Behavior, Scripted};
 use eventspool::{DeliveryState, DropReason, EventSpool, ListFilter, Selector};
+use eventspool_collector::{Behavior, Scripted};
 use serde_json::json;
 
 use crate::common::*;

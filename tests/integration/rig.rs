@@ -12,8 +12,8 @@
 use std::ops::Deref;
 use std::sync::Arc;
 
-use eventspool::collector::ReferenceCollector;
 use eventspool::{Config, DeliveryState, DeliveryStatus, EventId, EventSpool, ManualClock};
+use eventspool_collector::ReferenceCollector;
 use serde_json::json;
 
 use crate::common::{Recorder, WAIT, collector, config};

@@ -4,8 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use eventspool::collector::{CollectorConfig, ReferenceCollector, Scripted};
 use eventspool::{DeliveryState, EventSpool, ManualClock};
+use eventspool_collector::{CollectorConfig, ReferenceCollector, Scripted};
 use serde_json::json;
 
 use crate::common::fast_config;

@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use eventspool::collector::{Behavior, CollectorConfig, ReferenceCollector};
+use eventspool_collector::{Behavior, CollectorConfig, ReferenceCollector};
 
 use crate::common::{crash_child, env_count, integrity_ok, seed};
 

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use eventspool::collector::{CollectorConfig, ReferenceCollector, Scripted};
 use eventspool::{Config, DeliveryState, EventSpool, ManualClock, PauseReason};
+use eventspool_collector::{CollectorConfig, ReferenceCollector, Scripted};
 use serde_json::json;
 
 use crate::common::fast_config;

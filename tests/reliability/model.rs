@@ -39,11 +39,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use eventspool::collector::{Behavior, CollectorConfig, ReferenceCollector, Scripted};
 use eventspool::{
     Clock, Config, DeliveryState, DeliveryStatus, DropReason, Durability, EventSpool, ListFilter,
     ManualClock, NewEvent, Selector, Stats,
 };
+use eventspool_collector::{Behavior, CollectorConfig, ReferenceCollector, Scripted};
 use proptest::prelude::*;
 use proptest::strategy::Union;
 use proptest::test_runner::FileFailurePersistence;

@@ -4,8 +4,8 @@ use std::io::Write;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use eventspool::collector::{Behavior, CollectorConfig, ReferenceCollector, Scripted};
 use eventspool::{DeliveryState, EventSpool, NewEvent};
+use eventspool_collector::{Behavior, CollectorConfig, ReferenceCollector, Scripted};
 use serde_json::json;
 
 use crate::common::fast_config;

@@ -7,8 +7,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use eventspool::collector::{Behavior, CollectorConfig, ReferenceCollector};
 use eventspool::{EventSpool, ManualClock};
+use eventspool_collector::{Behavior, CollectorConfig, ReferenceCollector};
 use serde_json::json;
 
 use crate::common::{env_count, fast_config, seed};

@@ -4,8 +4,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use eventspool::collector::{CollectorConfig, ReferenceCollector};
 use eventspool::{DeliveryStatus, Durability, Error, EventSpool, NewEvent, Notice};
+use eventspool_collector::{CollectorConfig, ReferenceCollector};
 use serde_json::json;
 
 use crate::common::{fast_config, integrity_ok};

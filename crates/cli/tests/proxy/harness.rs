@@ -6,8 +6,8 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use eventspool::collector::{Behavior, CollectorConfig, ReferenceCollector};
 use eventspool::{Clock, Config, EventSpool, ListFilter, ManualClock};
+use eventspool_collector::{Behavior, CollectorConfig, ReferenceCollector};
 use serde_json::{Value, json};
 
 use crate::nginx::Nginx;

@@ -2,7 +2,7 @@
 //! config record named as README §Configuration, plain records for state and stats, two foreign
 //! traits ([`DeliveryObserver`], [`HttpTransport`]) and two error enums.
 //!
-//! This module only converts: the core stays free of UniFFI types, and every rule lives there.
+//! This crate only converts: the core stays free of UniFFI types, and every rule lives there.
 //! A change here is a breaking change for apps, so it stays small.
 //!
 //! Panics: every fallible entry point runs under `catch_unwind` and turns a panic into
@@ -13,10 +13,14 @@
 mod foreign;
 mod types;
 
+// The namespace stays `eventspool` (module `uniffi.eventspool` in Kotlin, `eventspool` in
+// Python and Swift), whatever this crate is called.
+uniffi::setup_scaffolding!("eventspool");
+
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 pub use foreign::{
@@ -28,11 +32,10 @@ pub use types::{
     QuarantinedEvent, SpoolNotice, SpoolStats,
 };
 
-use crate::config::{Compression, Config, Durability, SettingValue};
-use crate::error::ConfigError;
-use crate::error::Error;
-use crate::quarantine::ListFilter;
-use crate::shared::lock;
+use eventspool::ConfigError;
+use eventspool::Error;
+use eventspool::ListFilter;
+use eventspool::{Compression, Config, Durability, SettingValue};
 
 /// The errors apps catch (`SpoolException` in Kotlin). Named so it shadows nothing in Kotlin,
 /// Swift or Python; messages never hold the API key or an event payload.
@@ -103,6 +106,10 @@ impl From<Error> for SpoolError {
                 event_ids: event_ids.iter().map(ToString::to_string).collect(),
                 reason,
             },
+            // An error this surface has no variant for yet still arrives, with its message.
+            other => SpoolError::Internal {
+                reason: other.to_string(),
+            },
         }
     }
 }
@@ -149,7 +156,7 @@ macro_rules! define_spool_config {
             fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 f.debug_struct("SpoolConfig")
                     .field(stringify!($req), &self.$req)
-                    $( .field(stringify!($name), $crate::config_shown!($show, &self.$name)) )*
+                    $( .field(stringify!($name), eventspool::config_shown!($show, &self.$name)) )*
                     .finish()
             }
         }
@@ -172,7 +179,7 @@ macro_rules! define_spool_config {
     };
 }
 
-crate::config_table!(define_spool_config);
+eventspool::config_table!(define_spool_config);
 
 /// How a value the app put in [`SpoolConfig`] becomes the core setting. Numbers and flags pass
 /// through; the textual enums go through the parser the CLI uses, so the error names the field.
@@ -227,7 +234,7 @@ pub struct EventSpool {
 }
 
 enum Handle {
-    Open(crate::EventSpool),
+    Open(eventspool::EventSpool),
     /// After shutdown: dropping the core handle is what closes the store and its lock; the
     /// final state and stats stay so a UI can still render them.
     Closed(Box<(DeliveryStatus, SpoolStats)>),
@@ -236,31 +243,31 @@ enum Handle {
 impl EventSpool {
     /// A clone of the core handle (cheap), so no lock is held while the core works; after
     /// shutdown, the final state and stats.
-    fn current(&self) -> Result<crate::EventSpool, Box<(DeliveryStatus, SpoolStats)>> {
+    fn current(&self) -> Result<eventspool::EventSpool, Box<(DeliveryStatus, SpoolStats)>> {
         match &*lock(&self.handle) {
             Handle::Open(core) => Ok(core.clone()),
             Handle::Closed(last) => Err(last.clone()),
         }
     }
 
-    fn core(&self) -> Option<crate::EventSpool> {
+    fn core(&self) -> Option<eventspool::EventSpool> {
         self.current().ok()
     }
 
     fn with_core<T>(
         &self,
-        f: impl FnOnce(&crate::EventSpool) -> Result<T, Error>,
+        f: impl FnOnce(&eventspool::EventSpool) -> Result<T, Error>,
     ) -> Result<T, SpoolError> {
         guard(|| f(&self.core().ok_or(Error::ShutDown)?))
     }
 
-    fn verb(&self, f: impl FnOnce(&crate::EventSpool)) {
+    fn verb(&self, f: impl FnOnce(&eventspool::EventSpool)) {
         if let Some(core) = self.core() {
             quietly(|| f(&core));
         }
     }
 
-    fn stats_of(&self, core: &crate::EventSpool) -> SpoolStats {
+    fn stats_of(&self, core: &eventspool::EventSpool) -> SpoolStats {
         SpoolStats::from_core(core.stats(), self.callback_errors.load(Ordering::Relaxed))
     }
 }
@@ -281,7 +288,7 @@ impl EventSpool {
         let callback_errors = Arc::new(AtomicU64::new(0));
         let errors = callback_errors.clone();
         let inner = guard(move || {
-            let mut builder = crate::EventSpool::builder(config);
+            let mut builder = eventspool::EventSpool::builder(config);
             if let Some(t) = transport {
                 builder = builder.transport(Arc::new(foreign::TransportAdapter::new(t)));
             }
@@ -322,8 +329,8 @@ impl EventSpool {
         self.with_core(|core| {
             let mut events = Vec::new();
             for (i, line) in events_jsonl.lines().enumerate() {
-                if let Some(event) =
-                    crate::NewEvent::from_numbered_line(i + 1, line).map_err(Error::InvalidEvent)?
+                if let Some(event) = eventspool::NewEvent::from_numbered_line(i + 1, line)
+                    .map_err(Error::InvalidEvent)?
                 {
                     events.push(event);
                 }
@@ -336,7 +343,7 @@ impl EventSpool {
     pub fn track_event(&self, event: NewEvent) -> Result<String, SpoolError> {
         self.with_core(|spool| {
             let properties = parse_properties(&event.properties_json)?;
-            let core = crate::NewEvent {
+            let core = eventspool::NewEvent {
                 name: event.name,
                 properties,
                 event_id: event.event_id,
@@ -498,7 +505,7 @@ impl EventSpool {
 /// observer, and the spool drops its reference to the foreign object.
 #[derive(uniffi::Object)]
 pub struct ObserverHandle {
-    inner: Mutex<Option<crate::ObserverHandle>>,
+    inner: Mutex<Option<eventspool::ObserverHandle>>,
 }
 
 #[uniffi::export]
@@ -516,6 +523,13 @@ impl ObserverHandle {
 fn parse_properties(json: &str) -> Result<serde_json::Value, Error> {
     serde_json::from_str(json)
         .map_err(|e| Error::InvalidEvent(format!("properties_json is not valid JSON: {e}")))
+}
+
+/// Locks a mutex even if a thread panicked while holding it: the guarded values (the handle,
+/// a callback slot) stay consistent at every step, and a poisoned lock must not turn into a
+/// second panic at the boundary.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 #[cfg(test)]
@@ -569,10 +583,10 @@ mod tests {
     }
 
     /// Regression: a `flush()` made before the worker's first turn used to be swallowed.
-    #[cfg(feature = "collector")]
+    #[cfg(feature = "reqwest")]
     #[test]
     fn flush_right_after_open_delivers() {
-        use crate::collector::{CollectorConfig, ReferenceCollector};
+        use eventspool_collector::{CollectorConfig, ReferenceCollector};
         let collector = ReferenceCollector::start(CollectorConfig::default()).unwrap();
         for _ in 0..5 {
             let config = SpoolConfig {
@@ -632,7 +646,7 @@ mod tests {
     /// says when it cut, so a long 2xx is never mistaken for a whole one.
     #[test]
     fn a_foreign_answer_over_the_bound_comes_back_marked_cut() {
-        use crate::transport::{HttpRequest, Transport, response_bound};
+        use eventspool::{HttpRequest, Transport, response_bound};
         struct Answers(usize);
         impl foreign::HttpTransport for Answers {
             fn send(
@@ -673,7 +687,7 @@ mod tests {
     #[test]
     fn open_failures_keep_their_kind_across_the_ffi() {
         let e = SpoolError::from(Error::HttpClient {
-            source: crate::TransportError::Tls("no roots".into()),
+            source: eventspool::TransportError::Tls("no roots".into()),
         });
         assert_eq!(
             e,

@@ -1,7 +1,6 @@
 //! The `eventspool` binary as users run it: real subprocesses, a real `eventspool collector`
 //! process on 127.0.0.1, real store files. Every wait is bounded; children are killed when a
 //! test fails (their guards kill on drop).
-#![cfg(feature = "cli")]
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;

@@ -11,8 +11,8 @@ use clap::Args;
 use crossterm::event::{Event, KeyCode, KeyEventKind, KeyModifiers};
 use crossterm::terminal::{Clear, ClearType};
 use crossterm::{cursor, execute, terminal};
-use eventspool::collector::{Behavior, CollectorConfig, ReferenceCollector};
 use eventspool::{Config, DeliveryState, DeliveryStatus, EventSpool, ListFilter};
+use eventspool_collector::{Behavior, CollectorConfig, ReferenceCollector};
 use serde_json::json;
 
 use crate::{CmdResult, EXIT_ERROR, EXIT_OK, Failure};

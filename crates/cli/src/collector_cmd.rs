@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
-use eventspool::collector::{Behavior, CollectorConfig, ReferenceCollector, Scripted};
+use eventspool_collector::{Behavior, CollectorConfig, ReferenceCollector, Scripted};
 use serde_json::json;
 
 use crate::{CmdResult, Failure, print_json};

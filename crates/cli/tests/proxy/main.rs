@@ -6,10 +6,10 @@
 //!
 //! nginx must be installed (`bash .ci/run` installs Debian's package); without it every
 //! scenario fails saying so. Each scenario prints one line: requests sent (by nginx's status),
-//! events delivered and quarantined — `cargo test --all-features --test proxy -- --nocapture`.
-//! (The target needs the `cli` feature: the oversize-header scenario runs the real binary.)
+//! events delivered and quarantined — `cargo test --workspace --all-features --test proxy -- --nocapture`.
+//! (The suite lives in the CLI's crate: the oversize-header scenario runs the real binary.)
 
-#[path = "../support/episode.rs"]
+#[path = "../../../../tests/support/episode.rs"]
 mod episode;
 mod harness;
 mod nginx;

@@ -1,5 +1,5 @@
 //! Traits the app implements in Kotlin, Swift or Python, and their adapters onto the core's
-//! [`crate::DeliveryObserver`] and [`crate::Transport`].
+//! [`eventspool::DeliveryObserver`] and [`eventspool::Transport`].
 //!
 //! Every method returns `Result` so that an exception thrown in foreign code (of any type)
 //! comes back to Rust as an `Err` instead of a panic; the adapters count or classify it and
@@ -13,8 +13,7 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 
 use super::types::{DeliveryStatus, SpoolNotice};
-use crate::state;
-use crate::transport::{self, Transport, TransportError};
+use eventspool::{Transport, TransportError};
 
 /// What an observer may throw. Any exception is accepted: an undeclared one arrives as
 /// `Unexpected`. Either way it is logged, counted in `callback_errors`, and ignored.
@@ -57,12 +56,12 @@ impl ObserverAdapter {
     }
 }
 
-impl state::DeliveryObserver for ObserverAdapter {
-    fn on_state(&self, status: &state::DeliveryStatus) {
+impl eventspool::DeliveryObserver for ObserverAdapter {
+    fn on_state(&self, status: &eventspool::DeliveryStatus) {
         self.check(self.observer.on_state(status.into()));
     }
 
-    fn on_notice(&self, notice: &state::Notice) {
+    fn on_notice(&self, notice: &eventspool::Notice) {
         self.check(self.observer.on_notice(notice.into()));
     }
 }
@@ -78,7 +77,7 @@ pub struct TransportRequest {
     pub timeout_ms: u64,
 }
 
-/// Headers are shown by name only, as for [`transport::HttpRequest`]: `Authorization` carries the API key.
+/// Headers are shown by name only, as for [`eventspool::HttpRequest`]: `Authorization` carries the API key.
 impl std::fmt::Debug for TransportRequest {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let mut names: Vec<&str> = self.headers.keys().map(String::as_str).collect();
@@ -169,8 +168,8 @@ impl TransportAdapter {
 impl Transport for TransportAdapter {
     fn send(
         &self,
-        request: transport::HttpRequest,
-    ) -> BoxFuture<'static, Result<transport::HttpResponse, TransportError>> {
+        request: eventspool::HttpRequest,
+    ) -> BoxFuture<'static, Result<eventspool::HttpResponse, TransportError>> {
         let foreign = self.foreign.clone();
         let one_call = self.one_call.clone();
         let bound = request.max_response_bytes;
@@ -199,7 +198,7 @@ impl Transport for TransportAdapter {
                 Ok(Ok(mut response)) => {
                     let truncated = response.body.len() > bound;
                     response.body.truncate(bound);
-                    Ok(transport::HttpResponse {
+                    Ok(eventspool::HttpResponse {
                         status: response.status,
                         headers: response.headers.into_iter().collect(),
                         body: response.body,

@@ -3,9 +3,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use eventspool::collector::{Behavior, Scripted};
 use eventspool::quarantine_reason as reason;
 use eventspool::{Compression, DeliveryState, ManualClock, PauseReason};
+use eventspool_collector::{Behavior, Scripted};
 use serde_json::json;
 
 use crate::episode::drive_to_waiting_for_user;

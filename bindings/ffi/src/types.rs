@@ -3,10 +3,9 @@
 
 use std::collections::HashMap;
 
-use crate::classify::Failure;
-use crate::quarantine;
-use crate::state::{self, PauseReason as CorePauseReason};
-use crate::stats::Stats;
+use eventspool::PauseReason as CorePauseReason;
+use eventspool::Stats;
+use eventspool::classify::Failure;
 
 /// Why the last attempt failed: the HTTP status when there was one, and a short text that
 /// never holds the API key or an event payload.
@@ -76,9 +75,9 @@ pub struct DeliveryStatus {
     pub summary: String,
 }
 
-impl From<&state::DeliveryStatus> for DeliveryStatus {
-    fn from(s: &state::DeliveryStatus) -> Self {
-        use state::DeliveryState as S;
+impl From<&eventspool::DeliveryStatus> for DeliveryStatus {
+    fn from(s: &eventspool::DeliveryStatus) -> Self {
+        use eventspool::DeliveryState as S;
         let state = match &s.state {
             S::Idle => DeliveryState::Idle,
             S::Sending => DeliveryState::Sending,
@@ -140,22 +139,28 @@ pub enum SpoolNotice {
     },
 }
 
-impl From<&state::Notice> for SpoolNotice {
-    fn from(n: &state::Notice) -> Self {
+impl From<&eventspool::Notice> for SpoolNotice {
+    fn from(n: &eventspool::Notice) -> Self {
         match n {
-            state::Notice::StoreRecovered { moved_to, reason } => SpoolNotice::StoreRecovered {
-                moved_to: moved_to.clone(),
+            eventspool::Notice::StoreRecovered { moved_to, reason } => {
+                SpoolNotice::StoreRecovered {
+                    moved_to: moved_to.clone(),
+                    reason: reason.clone(),
+                }
+            }
+            eventspool::Notice::StoreUnavailable { reason } => SpoolNotice::StoreUnavailable {
                 reason: reason.clone(),
             },
-            state::Notice::StoreUnavailable { reason } => SpoolNotice::StoreUnavailable {
-                reason: reason.clone(),
-            },
-            state::Notice::InternalError { message } => SpoolNotice::InternalProblem {
+            eventspool::Notice::InternalError { message } => SpoolNotice::InternalProblem {
                 message: message.clone(),
             },
-            state::Notice::EventsDropped { reason, event_ids } => SpoolNotice::EventsDropped {
+            eventspool::Notice::EventsDropped { reason, event_ids } => SpoolNotice::EventsDropped {
                 reason: reason.clone(),
                 event_ids: event_ids.clone(),
+            },
+            // A notice this surface does not have a variant for yet is still told, as text.
+            other => SpoolNotice::InternalProblem {
+                message: format!("{other:?}"),
             },
         }
     }
@@ -247,8 +252,8 @@ pub struct QuarantinedEvent {
     pub last_failed_ms: i64,
 }
 
-impl From<quarantine::QuarantinedEvent> for QuarantinedEvent {
-    fn from(q: quarantine::QuarantinedEvent) -> Self {
+impl From<eventspool::QuarantinedEvent> for QuarantinedEvent {
+    fn from(q: eventspool::QuarantinedEvent) -> Self {
         QuarantinedEvent {
             event_id: q.event_id,
             ts_ms: q.ts_ms,
@@ -271,12 +276,12 @@ pub enum QuarantineSelector {
     All,
 }
 
-impl From<QuarantineSelector> for quarantine::Selector {
+impl From<QuarantineSelector> for eventspool::Selector {
     fn from(s: QuarantineSelector) -> Self {
         match s {
-            QuarantineSelector::Ids { ids } => quarantine::Selector::Ids(ids),
-            QuarantineSelector::Reason { reason } => quarantine::Selector::Reason(reason),
-            QuarantineSelector::All => quarantine::Selector::All,
+            QuarantineSelector::Ids { ids } => eventspool::Selector::Ids(ids),
+            QuarantineSelector::Reason { reason } => eventspool::Selector::Reason(reason),
+            QuarantineSelector::All => eventspool::Selector::All,
         }
     }
 }

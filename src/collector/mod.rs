@@ -17,9 +17,15 @@
 //! itself, so a bug in the SDK's encoder cannot be masked by sharing the decoder.
 
 mod handler;
+#[cfg(feature = "jetstream")]
+mod jetstream;
 mod server;
+mod sink;
 mod state;
 mod wire;
+
+#[cfg(feature = "jetstream")]
+pub use jetstream::JetStreamConfig;
 
 #[cfg(test)]
 mod tests;
@@ -218,6 +224,35 @@ impl ReferenceCollector {
             config.behavior,
             config.max_request_records,
         ));
+        let (server, addr) = server::spawn(config.listen, Arc::clone(&shared))?;
+        Ok(ReferenceCollector {
+            shared,
+            addr,
+            server,
+        })
+    }
+
+    /// Starts a stateless collector that publishes every accepted event to NATS JetStream
+    /// (`Nats-Msg-Id` = `event_id`) and answers 2xx only once JetStream acknowledged the whole
+    /// batch; a broker that is down or slow gets the client a 503 with `Retry-After`.
+    /// `config.db_path` must be `None`: such a collector keeps no event of its own.
+    #[cfg(feature = "jetstream")]
+    pub fn start_jetstream(
+        config: CollectorConfig,
+        jetstream: &JetStreamConfig,
+    ) -> std::io::Result<ReferenceCollector> {
+        if config.db_path.is_some() {
+            return Err(std::io::Error::other(
+                "a JetStream collector keeps no database: leave db_path unset",
+            ));
+        }
+        let sink = jetstream::JetStreamSink::connect(jetstream)?;
+        let store = state::Store::open(None)
+            .map_err(|e| std::io::Error::other(format!("collector database: {e}")))?;
+        let shared = Arc::new(
+            Shared::new(store, config.behavior, config.max_request_records)
+                .with_sink(Box::new(sink)),
+        );
         let (server, addr) = server::spawn(config.listen, Arc::clone(&shared))?;
         Ok(ReferenceCollector {
             shared,

@@ -6,7 +6,9 @@
 //! `NATS_SERVER`) and so must nginx; without them the tests fail saying so.
 //! `cargo test --all-features --test topology -- --nocapture` prints one outcome line each.
 
+mod collectors;
 mod nats;
 mod process;
+mod scenario;
 mod sink;
 mod stream;

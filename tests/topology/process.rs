@@ -1,6 +1,8 @@
-//! Small process helpers shared by the guards: free ports, signals, bounded waits.
+//! Small process helpers shared by the guards: free ports, signals, bounded waits, and the
+//! example binaries.
 
 use std::net::TcpListener;
+use std::path::PathBuf;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
@@ -29,4 +31,27 @@ pub fn wait_exit(child: &mut Child, timeout: Duration) {
     }
     let _ = child.kill();
     let _ = child.wait();
+}
+
+/// An example binary of this package (`jetstream_collector`, `stream_to_warehouse`), built on
+/// demand when the suite runs alone.
+pub fn example_binary(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let profile_dir = exe
+        .parent()
+        .and_then(|p| p.parent())
+        .expect("target dir")
+        .to_path_buf();
+    let bin = profile_dir.join("examples").join(name);
+    if !bin.exists() {
+        let release = profile_dir.ends_with("release");
+        let status = Command::new(env!("CARGO"))
+            .args(["build", "--all-features", "--example", name])
+            .args(release.then_some("--release"))
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .status()
+            .expect("cargo build");
+        assert!(status.success(), "building {name} failed");
+    }
+    bin
 }

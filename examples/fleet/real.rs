@@ -41,8 +41,19 @@ pub struct RealParams {
 /// One request's fate, at the client.
 enum Sent {
     Ok,
-    /// 503 with its Retry-After in ms, or any other failure (connect refused, reset, timeout).
-    Failed(Option<u64>),
+    /// A failure of this kind, with the answer's Retry-After in ms if it had one.
+    Failed(Failure, Option<u64>),
+}
+
+/// Why a request failed, for the report.
+#[derive(Clone, Copy)]
+enum Failure {
+    /// Connect refused, reset, closed without an answer.
+    Connection,
+    /// No answer within the attempt timeout.
+    Timeout,
+    /// An answer that is not 2xx (503 from a collector whose broker did not ack in time).
+    Status,
 }
 
 fn event(id: &str, i: usize) -> String {
@@ -74,8 +85,9 @@ async fn post(addr: SocketAddr, body: &str) -> Sent {
         Ok::<_, std::io::Error>(String::from_utf8_lossy(&answer).into_owned())
     };
     let answer = match tokio::time::timeout(ATTEMPT_TIMEOUT, exchange).await {
-        Ok(Ok(a)) => a,
-        _ => return Sent::Failed(None),
+        Ok(Ok(a)) if !a.is_empty() => a,
+        Ok(_) => return Sent::Failed(Failure::Connection, None),
+        Err(_) => return Sent::Failed(Failure::Timeout, None),
     };
     let status = answer.split_whitespace().nth(1).unwrap_or("");
     if status.starts_with('2') {
@@ -87,14 +99,14 @@ async fn post(addr: SocketAddr, body: &str) -> Sent {
             .then(|| value.trim().parse::<u64>().ok().map(|s| s * 1000))
             .flatten()
     });
-    Sent::Failed(retry_after)
+    Sent::Failed(Failure::Status, retry_after)
 }
 
 /// Request start times (ms since the herd began), shared by every client.
 #[derive(Default)]
 struct Log {
     starts: std::sync::Mutex<Vec<u64>>,
-    failed: AtomicU64,
+    failed: [AtomicU64; 3],
     gave_up: AtomicU64,
 }
 
@@ -122,9 +134,11 @@ async fn client(
             log.starts.lock().unwrap().push(now);
             let retry_after = match post(addr, &body).await {
                 Sent::Ok => break,
-                Sent::Failed(retry_after) => retry_after,
+                Sent::Failed(kind, retry_after) => {
+                    log.failed[kind as usize].fetch_add(1, Ordering::Relaxed);
+                    retry_after
+                }
             };
-            log.failed.fetch_add(1, Ordering::Relaxed);
             let now = t0.elapsed().as_millis() as u64;
             let e = episode.get_or_insert(Episode {
                 started_ms: now,
@@ -244,6 +258,11 @@ pub fn run(p: RealParams) {
     }
     let peak = windows.values().copied().max().unwrap_or(0) * (1000 / WINDOW_MS);
     let drained = finished.iter().filter(|f| f.is_some()).count();
+    let failed: Vec<u64> = log
+        .failed
+        .iter()
+        .map(|f| f.load(Ordering::Relaxed))
+        .collect();
     let drain_ms = finished.iter().flatten().max().copied().unwrap_or(0);
     // Events of the herd's 2xx answers (duplicates included), against what it had to send.
     let stored = received() - before_herd;
@@ -255,11 +274,14 @@ pub fn run(p: RealParams) {
     );
     eprintln!(
         "  measured capacity {capacity:.0} req/s; herd peak {peak} req/s over {WINDOW_MS} ms \
-         windows = {:.1} x capacity; {} requests ({} failed, retried with full jitter), {drained} \
+         windows = {:.1} x capacity; {} requests ({} connection failures, {} timeouts, {} non-2xx \
+         answers, each retried with full jitter), {drained} \
          of {} clients drained in {:.1} s, {} gave up; {stored} of {backlog} events acknowledged by JetStream",
         peak as f64 / capacity,
         starts.len(),
-        log.failed.load(Ordering::Relaxed),
+        failed[0],
+        failed[1],
+        failed[2],
         p.clients,
         drain_ms as f64 / 1000.0,
         log.gave_up.load(Ordering::Relaxed),
@@ -271,7 +293,7 @@ pub fn run(p: RealParams) {
             "events_per_batch": EVENTS_PER_BATCH, "collectors": COLLECTORS,
             "capacity_req_per_s": capacity, "peak_req_per_s": peak, "peak_window_ms": WINDOW_MS,
             "peak_over_capacity": peak as f64 / capacity, "requests": starts.len(),
-            "failed": log.failed.load(Ordering::Relaxed), "drained_clients": drained,
+            "connection_failures": failed[0], "timeouts": failed[1], "non_2xx": failed[2], "drained_clients": drained,
             "drain_s": drain_ms as f64 / 1000.0, "events_acked": stored, "events_sent": backlog,
         })
     );

@@ -20,6 +20,8 @@ mod handler;
 #[cfg(feature = "jetstream")]
 mod jetstream;
 mod server;
+// Only the `jetstream` feature builds a sink; without it the seam is there but unused.
+#[cfg_attr(not(feature = "jetstream"), allow(dead_code))]
 mod sink;
 mod state;
 mod wire;
@@ -201,8 +203,8 @@ pub struct RequestRecord {
     pub names: Vec<String>,
     /// Short verdict: "stored", "partial", "scripted 503", "scripted reject all",
     /// "injected 503", "poison", "too large", "unauthorized", "bad json", "bad gzip",
-    /// "unsupported encoding", "method not allowed", "storage error", "dropped", "hung",
-    /// "abandoned".
+    /// "unsupported encoding", "method not allowed", "storage error", "sink unavailable"
+    /// (a JetStream collector's 503), "dropped", "hung", "abandoned".
     pub outcome: String,
 }
 
@@ -217,13 +219,21 @@ impl ReferenceCollector {
     /// Opens the store, binds the socket and starts serving on a dedicated thread.
     /// Returns once the socket accepts connections.
     pub fn start(config: CollectorConfig) -> std::io::Result<ReferenceCollector> {
+        Self::serve(config, None)
+    }
+
+    /// `start`, with accepted batches going to `sink` instead of the store when there is one.
+    fn serve(
+        config: CollectorConfig,
+        sink: Option<Box<dyn sink::Sink>>,
+    ) -> std::io::Result<ReferenceCollector> {
         let store = state::Store::open(config.db_path.as_deref())
             .map_err(|e| std::io::Error::other(format!("collector database: {e}")))?;
-        let shared = Arc::new(Shared::new(
-            store,
-            config.behavior,
-            config.max_request_records,
-        ));
+        let mut shared = Shared::new(store, config.behavior, config.max_request_records);
+        if let Some(sink) = sink {
+            shared = shared.with_sink(sink);
+        }
+        let shared = Arc::new(shared);
         let (server, addr) = server::spawn(config.listen, Arc::clone(&shared))?;
         Ok(ReferenceCollector {
             shared,
@@ -247,18 +257,7 @@ impl ReferenceCollector {
             ));
         }
         let sink = jetstream::JetStreamSink::connect(jetstream)?;
-        let store = state::Store::open(None)
-            .map_err(|e| std::io::Error::other(format!("collector database: {e}")))?;
-        let shared = Arc::new(
-            Shared::new(store, config.behavior, config.max_request_records)
-                .with_sink(Box::new(sink)),
-        );
-        let (server, addr) = server::spawn(config.listen, Arc::clone(&shared))?;
-        Ok(ReferenceCollector {
-            shared,
-            addr,
-            server,
-        })
+        Self::serve(config, Some(Box::new(sink)))
     }
 
     /// The bound address (the real port when the config asked for port 0).

@@ -146,26 +146,7 @@ fn jetstream_sink_stores_each_event_once_by_event_id_and_rejects_bad_ids() {
 fn jetstream_sink_answers_503_when_the_broker_stops_between_receive_and_publish() {
     let mut nats = NatsServer::start();
     let c = collector(&nats, Duration::from_secs(2));
-    let ids = ids(20);
-    let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
-    c.push_script([Scripted::Delay(HOLD)]);
-    let addr = c.addr();
-    let body = batch(&ids);
-    let sent = body.clone();
-    let request = std::thread::spawn(move || post(addr, &sent));
-    // The request is in the collector's hands (held for HOLD) while the broker stops.
-    assert!(
-        wait_until(Duration::from_secs(10), || c.pending_script() == 0),
-        "the collector never took the request"
-    );
-    nats.stop();
-    let answer = request.join().unwrap();
-    assert_eq!(
-        answer.status, 503,
-        "a batch JetStream never acknowledged was answered {}: {}",
-        answer.status, answer.body
-    );
-    assert_eq!(answer.retry_after.as_deref(), Some("3"));
+    let (addr, body) = refused_while(&c, || nats.stop());
     nats.restart();
     let (ok, refused) = post_until_ok(addr, &body);
     assert_eq!(ok.body["accepted"], 20, "{}", ok.body);
@@ -185,26 +166,8 @@ fn jetstream_sink_answers_503_when_the_broker_stops_between_receive_and_publish(
 fn jetstream_sink_answers_503_when_the_broker_hangs_and_absorbs_the_resend() {
     let nats = NatsServer::start();
     let c = collector(&nats, Duration::from_millis(800));
-    let ids = ids(20);
-    let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
-    c.push_script([Scripted::Delay(HOLD)]);
-    let addr = c.addr();
-    let body = batch(&ids);
-    let sent = body.clone();
-    let request = std::thread::spawn(move || post(addr, &sent));
-    assert!(
-        wait_until(Duration::from_secs(10), || c.pending_script() == 0),
-        "the collector never took the request"
-    );
-    nats.freeze();
-    let answer = request.join().unwrap();
+    let (addr, body) = refused_while(&c, || nats.freeze());
     nats.resume();
-    assert_eq!(
-        answer.status, 503,
-        "a batch JetStream never acknowledged was answered {}: {}",
-        answer.status, answer.body
-    );
-    assert_eq!(answer.retry_after.as_deref(), Some("3"));
     let (ok, refused) = post_until_ok(addr, &body);
     let (new, dup) = (
         ok.body["accepted"].as_u64().unwrap(),
@@ -218,6 +181,33 @@ fn jetstream_sink_answers_503_when_the_broker_hangs_and_absorbs_the_resend() {
         "broker frozen mid-request: answered 503 after the ack timeout, {refused} more 503, then \
          200 with {new} new and {dup} duplicates absorbed; in stream 20 distinct"
     );
+}
+
+/// Sends a batch of 20 that the collector holds for [`HOLD`] after reading it; `fault` takes
+/// the broker away meanwhile. The answer must be 503 with the collector's Retry-After, never a
+/// 2xx. Returns the collector's address and the batch, for the resend.
+fn refused_while(c: &ReferenceCollector, fault: impl FnOnce()) -> (SocketAddr, Value) {
+    let ids = ids(20);
+    let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+    c.push_script([Scripted::Delay(HOLD)]);
+    let addr = c.addr();
+    let body = batch(&ids);
+    let sent = body.clone();
+    let request = std::thread::spawn(move || post(addr, &sent));
+    // The request is in the collector's hands (held for HOLD) while the broker goes away.
+    assert!(
+        wait_until(Duration::from_secs(10), || c.pending_script() == 0),
+        "the collector never took the request"
+    );
+    fault();
+    let answer = request.join().unwrap();
+    assert_eq!(
+        answer.status, 503,
+        "a batch JetStream never acknowledged was answered {}: {}",
+        answer.status, answer.body
+    );
+    assert_eq!(answer.retry_after.as_deref(), Some("3"));
+    (addr, body)
 }
 
 /// Polls a condition a test cannot be woken on, bounded.

@@ -4,7 +4,13 @@
 //!
 //! `cargo run --release --example fleet [-- --clients N --capacity C --reconnect-spread-ms MS]`
 //! Human table on stderr, JSON on stdout. See `sim.rs` for the model.
+//!
+//! `cargo run --release --example fleet -- --real [--clients N
+//! --batches N --reconnect-spread-ms MS]` drives the real topology instead (nats-server, three
+//! JetStream collectors; `real.rs`) and reports the herd's peak against measured capacity.
 
+#[path = "real.rs"]
+mod real;
 #[path = "sim.rs"]
 mod sim;
 
@@ -19,6 +25,14 @@ fn arg(name: &str) -> Option<u64> {
 }
 
 fn main() {
+    if std::env::args().any(|a| a == "--real") {
+        real::run(real::RealParams {
+            clients: arg("--clients").unwrap_or(2_000) as usize,
+            batches_per_client: arg("--batches").unwrap_or(3) as usize,
+            reconnect_spread_ms: arg("--reconnect-spread-ms").unwrap_or(1_000),
+        });
+        return;
+    }
     let clients = arg("--clients").unwrap_or(100_000) as usize;
     let mut base = Params::new(clients, 0, Jitter::Full);
     if let Some(spread) = arg("--reconnect-spread-ms") {

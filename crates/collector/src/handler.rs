@@ -12,6 +12,7 @@ use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 use serde_json::json;
 
+use super::sink::{Accepted, Unavailable};
 use super::state::Shared;
 use super::wire::{self, DecodeError, WireEvent};
 use super::{Behavior, MAX_DECODED_BODY_BYTES, MAX_RAW_BODY_BYTES, RequestRecord, Scripted};
@@ -157,11 +158,14 @@ pub(super) async fn handle(
     // A process-level collector is inspected over HTTP by tests in other languages: the bindings
     // suites read the distinct count here instead of linking Rust.
     if req.method() == Method::GET && req.uri().path() == "/stats" {
-        let stats = serde_json::json!({
+        let mut stats = serde_json::json!({
             "distinct": shared.distinct_count(),
             "received": shared.received_count(),
             "requests": shared.request_count(),
         });
+        if let Some(sink) = shared.sink() {
+            stats["sink"] = sink.stats();
+        }
         return Ok(Reply::json(200, stats).into_response(None));
     }
     let at = Instant::now();
@@ -201,11 +205,11 @@ pub(super) async fn handle(
             Ok(reply.into_response(retry_after.as_deref()))
         }
         None if shared.roll_failure(shared.behavior().drop_rate) => {
-            store_then_drop(&shared, &mut pending, &body);
+            store_then_drop(&shared, &mut pending, &body).await;
             Err(DropConnection)
         }
         Some(Scripted::StoreThenDrop) => {
-            store_then_drop(&shared, &mut pending, &body);
+            store_then_drop(&shared, &mut pending, &body).await;
             Err(DropConnection)
         }
         Some(Scripted::Hang) => {
@@ -345,12 +349,12 @@ async fn by_behavior(
     } else {
         behavior
     };
-    let (status, outcome, reply) = verdict(shared, pending, headers, body, &behavior);
+    let (status, outcome, reply) = verdict(shared, pending, headers, body, &behavior).await;
     pending.finish(Some(status), &outcome);
     reply.into_response(behavior.retry_after.as_deref())
 }
 
-fn verdict(
+async fn verdict(
     shared: &Shared,
     pending: &Pending,
     headers: &HeaderMap,
@@ -397,9 +401,28 @@ fn verdict(
     let (rejected, kept): (Vec<&WireEvent>, Vec<&WireEvent>) = events
         .iter()
         .partition(|e| b.partial_reject_name.as_ref() == Some(&e.name));
-    let (new, dup) = match shared.store(&kept, pending.index()) {
-        Ok(counts) => counts,
-        Err(e) => {
+    let reason = b.partial_reject_reason.as_deref().unwrap_or("invalid name");
+    let mut rejected: Vec<(String, String)> = rejected
+        .iter()
+        .map(|e| (e.event_id.clone(), reason.to_owned()))
+        .collect();
+    let (new, dup) = match store(shared, &kept, pending.index()).await {
+        Ok(Accepted {
+            new,
+            duplicates,
+            rejected: by_sink,
+        }) => {
+            rejected.extend(by_sink);
+            (new, duplicates)
+        }
+        Err(Stored::Unavailable(u)) => {
+            let mut reply = Reply::error(503, &u.message);
+            if let Ok(v) = HeaderValue::from_str(&u.retry_after) {
+                reply.headers.push((header::RETRY_AFTER, v));
+            }
+            return (503, "sink unavailable".into(), reply);
+        }
+        Err(Stored::Failed(e)) => {
             tracing::warn!(target: LOG_TARGET, error = %e, "storing a batch failed");
             return fail(500, "storage error", "storage failed");
         }
@@ -408,10 +431,9 @@ fn verdict(
         let body = json!({ "accepted": new, "duplicates": dup });
         (200, "stored".into(), Reply::json(200, body))
     } else {
-        let reason = b.partial_reject_reason.as_deref().unwrap_or("invalid name");
         let rejected: Vec<_> = rejected
             .iter()
-            .map(|e| json!({ "event_id": e.event_id, "reason": reason }))
+            .map(|(id, reason)| json!({ "event_id": id, "reason": reason }))
             .collect();
         let body = json!({ "accepted": new, "duplicates": dup, "rejected": rejected });
         (200, "partial".into(), Reply::json(200, body))
@@ -419,12 +441,45 @@ fn verdict(
 }
 
 /// Stores the batch, then lets the caller close the connection without an answer.
-fn store_then_drop(shared: &Shared, pending: &mut Pending, body: &Body) {
+async fn store_then_drop(shared: &Shared, pending: &mut Pending, body: &Body) {
     if let Body::Batch(events) = body {
         let all: Vec<&WireEvent> = events.iter().collect();
-        if let Err(e) = shared.store(&all, pending.index()) {
-            tracing::warn!(target: LOG_TARGET, error = %e, "storing a dropped batch failed");
+        match store(shared, &all, pending.index()).await {
+            Ok(_) => {}
+            Err(Stored::Unavailable(u)) => {
+                tracing::warn!(target: LOG_TARGET, error = %u.message, "publishing a dropped batch failed")
+            }
+            Err(Stored::Failed(e)) => {
+                tracing::warn!(target: LOG_TARGET, error = %e, "storing a dropped batch failed")
+            }
         }
     }
     pending.finish(None, "dropped");
+}
+
+/// Why [`store`] did not store a batch.
+enum Stored {
+    /// The sink cannot vouch for it: 503 with its `Retry-After`.
+    Unavailable(Unavailable),
+    /// The local store failed: 500.
+    Failed(rusqlite::Error),
+}
+
+/// The one place a batch is stored: in the sink when there is one, else the local table.
+async fn store(shared: &Shared, events: &[&WireEvent], request: usize) -> Result<Accepted, Stored> {
+    match shared.sink() {
+        Some(sink) => {
+            let accepted = sink.publish(events).await.map_err(Stored::Unavailable)?;
+            shared.count_received(accepted.new + accepted.duplicates);
+            Ok(accepted)
+        }
+        None => {
+            let (new, duplicates) = shared.store(events, request).map_err(Stored::Failed)?;
+            Ok(Accepted {
+                new,
+                duplicates,
+                rejected: Vec::new(),
+            })
+        }
+    }
 }

@@ -17,9 +17,17 @@
 //! itself, so a bug in the SDK's encoder cannot be masked by sharing the decoder.
 
 mod handler;
+#[cfg(feature = "jetstream")]
+mod jetstream;
 mod server;
+// Only the `jetstream` feature builds a sink; without it the seam is there but unused.
+#[cfg_attr(not(feature = "jetstream"), allow(dead_code))]
+mod sink;
 mod state;
 mod wire;
+
+#[cfg(feature = "jetstream")]
+pub use jetstream::JetStreamConfig;
 
 #[cfg(test)]
 mod tests;
@@ -195,8 +203,8 @@ pub struct RequestRecord {
     pub names: Vec<String>,
     /// Short verdict: "stored", "partial", "scripted 503", "scripted reject all",
     /// "injected 503", "poison", "too large", "unauthorized", "bad json", "bad gzip",
-    /// "unsupported encoding", "method not allowed", "storage error", "dropped", "hung",
-    /// "abandoned".
+    /// "unsupported encoding", "method not allowed", "storage error", "sink unavailable"
+    /// (a JetStream collector's 503), "dropped", "hung", "abandoned".
     pub outcome: String,
 }
 
@@ -211,19 +219,45 @@ impl ReferenceCollector {
     /// Opens the store, binds the socket and starts serving on a dedicated thread.
     /// Returns once the socket accepts connections.
     pub fn start(config: CollectorConfig) -> std::io::Result<ReferenceCollector> {
+        Self::serve(config, None)
+    }
+
+    /// `start`, with accepted batches going to `sink` instead of the store when there is one.
+    fn serve(
+        config: CollectorConfig,
+        sink: Option<Box<dyn sink::Sink>>,
+    ) -> std::io::Result<ReferenceCollector> {
         let store = state::Store::open(config.db_path.as_deref())
             .map_err(|e| std::io::Error::other(format!("collector database: {e}")))?;
-        let shared = Arc::new(Shared::new(
-            store,
-            config.behavior,
-            config.max_request_records,
-        ));
+        let mut shared = Shared::new(store, config.behavior, config.max_request_records);
+        if let Some(sink) = sink {
+            shared = shared.with_sink(sink);
+        }
+        let shared = Arc::new(shared);
         let (server, addr) = server::spawn(config.listen, Arc::clone(&shared))?;
         Ok(ReferenceCollector {
             shared,
             addr,
             server,
         })
+    }
+
+    /// Starts a stateless collector that publishes every accepted event to NATS JetStream
+    /// (`Nats-Msg-Id` = `event_id`) and answers 2xx only once JetStream acknowledged the whole
+    /// batch; a broker that is down or slow gets the client a 503 with `Retry-After`.
+    /// `config.db_path` must be `None`: such a collector keeps no event of its own.
+    #[cfg(feature = "jetstream")]
+    pub fn start_jetstream(
+        config: CollectorConfig,
+        jetstream: &JetStreamConfig,
+    ) -> std::io::Result<ReferenceCollector> {
+        if config.db_path.is_some() {
+            return Err(std::io::Error::other(
+                "a JetStream collector keeps no database: leave db_path unset",
+            ));
+        }
+        let sink = jetstream::JetStreamSink::connect(jetstream)?;
+        Self::serve(config, Some(Box::new(sink)))
     }
 
     /// The bound address (the real port when the config asked for port 0).

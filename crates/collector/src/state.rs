@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, OptionalExtension, params};
 
+use super::sink::Sink;
 use super::wire::WireEvent;
 use super::{Behavior, RequestRecord, Scripted, StoredEvent};
 
@@ -145,6 +146,8 @@ pub(super) struct Shared {
     state: Mutex<State>,
     /// Signalled whenever events are stored or a request is recorded, for the wait helpers.
     changed: Condvar,
+    /// Where accepted batches go instead of `Store` (a broker); `None` stores locally.
+    sink: Option<Box<dyn Sink>>,
 }
 
 impl Shared {
@@ -163,7 +166,24 @@ impl Shared {
                 recorded: 0,
             }),
             changed: Condvar::new(),
+            sink: None,
         }
+    }
+
+    /// Sends accepted batches to `sink` instead of the local store.
+    pub(super) fn with_sink(mut self, sink: Box<dyn Sink>) -> Shared {
+        self.sink = Some(sink);
+        self
+    }
+
+    pub(super) fn sink(&self) -> Option<&dyn Sink> {
+        self.sink.as_deref()
+    }
+
+    /// Counts events a sink vouched for as received, as [`Shared::store`] does for local ones.
+    pub(super) fn count_received(&self, events: u64) {
+        self.lock().received += events;
+        self.changed.notify_all();
     }
 
     /// A panic while holding the lock (only possible in a test assertion) must not take the

@@ -912,11 +912,7 @@ impl Machine {
             return;
         }
         let p = &self.policy;
-        let episode = self.episode.get_or_insert(Episode {
-            started_ms: now,
-            failures: 0,
-        });
-        episode.failures += 1;
+        let episode = Episode::record_failure(&mut self.episode, now);
         let next_attempt = episode.failures;
         let delay = next_delay_ms(
             next_attempt,

@@ -72,6 +72,19 @@ pub struct Episode {
     pub failures: u32,
 }
 
+impl Episode {
+    /// Counts a failed attempt: the first failure opens the episode at `now_ms`, later ones
+    /// continue it. Returns the episode, whose `failures` is then the attempt just failed.
+    pub fn record_failure(episode: &mut Option<Episode>, now_ms: u64) -> &mut Episode {
+        let episode = episode.get_or_insert(Episode {
+            started_ms: now_ms,
+            failures: 0,
+        });
+        episode.failures += 1;
+        episode
+    }
+}
+
 /// What follows a failed attempt.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AfterFailure {

@@ -140,11 +140,7 @@ async fn client(
                 }
             };
             let now = t0.elapsed().as_millis() as u64;
-            let e = episode.get_or_insert(Episode {
-                started_ms: now,
-                failures: 0,
-            });
-            e.failures += 1;
+            let e = Episode::record_failure(&mut episode, now);
             let attempt = e.failures;
             let delay = next_delay_ms(
                 attempt,

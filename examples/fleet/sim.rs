@@ -219,11 +219,7 @@ pub fn run(p: &Params) -> Report {
         }
         report.rejected += 1;
         // The worker's `transient()`, step for step.
-        let episode = c.episode.get_or_insert(Episode {
-            started_ms: now,
-            failures: 0,
-        });
-        episode.failures += 1;
+        let episode = Episode::record_failure(&mut c.episode, now);
         let attempt = episode.failures;
         let unit = rng.f64();
         let delay = match p.jitter {

@@ -417,6 +417,12 @@ impl Store {
 
     /// Deletes acknowledged (or quarantined) events; returns how many rows went.
     pub fn delete(&self, seqs: &[u64]) -> Result<u64> {
+        self.delete_rows(seqs, None)
+    }
+
+    /// Deletes these rows and lets go of their leases, in one transaction that also bumps the
+    /// persisted counter `counted_as` (when given) by the rows that went.
+    fn delete_rows(&self, seqs: &[u64], counted_as: Option<&str>) -> Result<u64> {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
         let mut n = 0;
@@ -425,6 +431,11 @@ impl Store {
             for seq in seqs {
                 n += stmt.execute([*seq as i64])? as u64;
             }
+        }
+        if let Some(name) = counted_as
+            && n > 0
+        {
+            bump(&tx, name, n)?;
         }
         tx.commit()?;
         drop(conn);
@@ -472,23 +483,7 @@ impl Store {
     /// Deletes leased events of a batch that expired before it could be sent again, counted
     /// `expired` like [`Store::expire`]; returns how many rows went.
     pub fn delete_expired(&self, seqs: &[u64]) -> Result<u64> {
-        let mut conn = self.conn();
-        let tx = conn.transaction()?;
-        let mut n = 0;
-        {
-            let mut stmt = tx.prepare_cached("DELETE FROM events WHERE seq = ?1")?;
-            for seq in seqs {
-                n += stmt.execute([*seq as i64])? as u64;
-            }
-        }
-        if n > 0 {
-            bump(&tx, counter::EXPIRED, n)?;
-        }
-        tx.commit()?;
-        drop(conn);
-        self.release(seqs);
-        self.forget_rows(n);
-        Ok(n)
+        self.delete_rows(seqs, Some(counter::EXPIRED))
     }
 
     /// Applies a send's bookkeeping ([`SendNote`]) to these rows, in one transaction.

@@ -216,10 +216,10 @@ def test_opt_out_and_purge(collector, fast_config):
 
 
 def test_batching_tracker_hands_everything_over_in_order(collector, fast_config):
-    import eventspool_batching
+    from eventspool.batching import BatchingTracker
 
     spool = EventSpool(fast_config(collector.url), start_offline=True)
-    with eventspool_batching.BatchingTracker(spool, max_events=64, max_delay_s=0.01) as tracker:
+    with BatchingTracker(spool, max_events=64, max_delay_s=0.01) as tracker:
         for i in range(1000):
             tracker.track("batched", {"i": i})
         tracker.track("too big", {"pad": "x" * 100_000})  # refused by the SDK, reported, skipped
@@ -237,7 +237,7 @@ def test_batching_tracker_hands_everything_over_in_order(collector, fast_config)
 
 
 def test_batching_tracker_bounds_what_it_holds_in_a_tight_loop(collector, fast_config):
-    import eventspool_batching
+    from eventspool.batching import BatchingTracker
 
     spool = EventSpool(fast_config(collector.url), start_offline=True)
 
@@ -254,7 +254,7 @@ def test_batching_tracker_bounds_what_it_holds_in_a_tight_loop(collector, fast_c
 
     counting = Counting(spool)
     held = 0
-    tracker = eventspool_batching.BatchingTracker(counting, max_events=512, max_delay_s=0.05)
+    tracker = BatchingTracker(counting, max_events=512, max_delay_s=0.05)
     for i in range(30_000):
         tracker.track("tight", {"i": i})
         held = max(held, len(tracker._waiting))

@@ -22,7 +22,7 @@ What this trades, on purpose:
   `max_event_bytes`, a malformed explicit `event_id`) is reported by `errors()` and skipped,
   without holding back the good events gathered with it.
 
-    spool = eventspool.EventSpool(config, None, None, False)
+    spool = eventspool.EventSpool(config)
     with BatchingTracker(spool) as tracker:
         tracker.track("file_opened", {"kind": "csv", "rows": 1200})
 """

@@ -1,4 +1,4 @@
-"""Tracking at a high rate from Python.
+"""Tracking at a high rate from Python: `eventspool.batching.BatchingTracker`.
 
 Every call across the generated UniFFI glue costs microseconds of Python (handle clone, buffer
 allocation per string, the call, freeing the result), several times what the SDK itself spends
@@ -7,15 +7,28 @@ background thread hands the gathered events to `EventSpool.track_batch` in one c
 `max_delay_s` after the first of them (or sooner, once `max_events` are waiting).
 
 What this trades, on purpose:
-- An event is in the spool (and so in its memory queue or store) up to `max_delay_s` after
-  `track()` returned; `flush()`, `close()` and interpreter exit hand over what is waiting.
-- What it holds is bounded: at most `max_held` events wait here (default 4 x `max_events`).
-  A `track()` that finds that many waiting hands them over itself before returning
-  (back-pressure on a thread that tracks faster than the spool takes them), and each call to
-  the spool carries at most `max_events` events.
-- At process death: a normal exit (atexit), `close()` and `flush()` hand everything over; a
-  hard kill (SIGKILL, a crash) loses what was waiting here, at most `max_held` events plus the
-  chunk being handed over, whatever the spool's `durability`.
+- An event is in the spool (and so in its memory queue or store) about `max_delay_s` after
+  `track()` returned (the bound is below); `flush()`, `close()` and interpreter exit hand over
+  what is waiting, and `flush()` returns only once everything tracked before it is in the spool.
+- What it holds is bounded: at most `max_held` events (default 4 x `max_events`) are outside
+  the spool at any moment, counting those waiting here and those inside a hand-over that has
+  not returned, for any number of tracking threads. A `track()` that finds `max_held` there
+  hands the waiting events over itself before returning, or waits for the hand-over in
+  progress (back-pressure on a thread that tracks faster than the spool takes them; nothing is
+  dropped). Each call to the spool carries at most `max_events` events, and one hand-over runs
+  at a time, so the spool takes the events in the order `track()` accepted them.
+- When the process dies:
+  - a normal exit (atexit), `close()` and `flush()` hand everything over; from then on the
+    spool's `durability` decides (README "What is durable when");
+  - a hard kill (SIGKILL, a crash, `os._exit`, power loss) loses what the tracker holds, on top
+    of what the spool itself would lose: at most `max_held` events (2,048 with the defaults),
+    and only events whose `track()` returned less than `max_delay_s` (50 ms by default) plus
+    the time of the spool calls ahead of them before the kill. Those calls take about 1 ms per
+    512 events into memory (`durability = spill`), a few ms with `durability = always`; while
+    the spool is slower than that, `track()` blocks instead of holding more. `track_batch` is
+    all or none, so an event inside the call at the kill is either recorded or not, never half.
+  - with `durability = always`, an event is stored once its hand-over returned, not when
+    `track()` returned: call `flush()` where the app needs that guarantee.
 - The event's timestamp is the time of the `track()` call (taken then, formatted later).
 - Bad input that Python can see (empty or over-long name, properties that are not a dict or not
   JSON-serializable) raises at `track()`. Anything the SDK refuses later (an event over
@@ -41,6 +54,9 @@ def _timestamp(t):
 
 
 class BatchingTracker:
+    """Gathers events in Python and hands them to the spool in batches (module docstring: what
+    it trades, what a crash can lose: at most `max_held` events of the last ~`max_delay_s`)."""
+
     def __init__(self, spool, max_events=512, max_delay_s=0.05, max_held=None):
         if max_held is None:
             max_held = 4 * max_events
@@ -51,15 +67,19 @@ class BatchingTracker:
         self._max_held = max_held
         self._max_delay_s = max_delay_s
         self._waiting = []  # (line without timestamp, time.time(), has_timestamp)
+        self._handing = 0  # events taken out of _waiting whose hand-over has not returned
         self._errors = []
-        self._cond = threading.Condition()
+        lock = threading.Lock()
+        self._wake = threading.Condition(lock)  # the background thread: events are waiting
+        self._idle = threading.Condition(lock)  # no hand-over in progress any more
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="eventspool-batching", daemon=True)
         self._thread.start()
         atexit.register(self.close)
 
     def track(self, name, properties=None, *, timestamp=None, event_id=None, session_id=None):
-        """Queues one event; raises ValueError/TypeError for input Python can check."""
+        """Queues one event; raises ValueError/TypeError for input Python can check, and
+        RuntimeError once the tracker is closed (the event was not taken)."""
         if not isinstance(name, str) or not name or len(name.encode()) > MAX_NAME_BYTES:
             raise ValueError(f"name must be a non-empty string of at most {MAX_NAME_BYTES} bytes")
         if properties is None:
@@ -74,38 +94,54 @@ class BatchingTracker:
         if session_id is not None:
             event["session_id"] = session_id
         line = json.dumps(event, separators=(",", ":"))  # TypeError for what JSON cannot hold
-        full = None
-        with self._cond:
-            if self._closed:
-                raise RuntimeError("the tracker is closed")
-            self._waiting.append((line, time.time(), timestamp is not None))
-            if len(self._waiting) >= self._max_held:
-                # The background thread is behind: this thread hands over what waits itself.
-                full, self._waiting = self._waiting, []
-            elif len(self._waiting) == 1 or len(self._waiting) >= self._max_events:
-                self._cond.notify()
-        if full:
-            self._hand_over(full)
+        item = (line, time.time(), timestamp is not None)
+        # Each turn either takes the event, waits for the hand-over in progress to return, or
+        # hands the waiting events over on this thread: a hand-over returns, so this ends.
+        while True:
+            with self._wake:
+                if self._closed:
+                    raise RuntimeError("the tracker is closed")
+                if len(self._waiting) + self._handing < self._max_held:
+                    self._waiting.append(item)
+                    if len(self._waiting) == 1 or len(self._waiting) == self._max_events:
+                        self._wake.notify()
+                    return
+                if self._handing:
+                    self._idle.wait()
+                    continue
+                # Full and nobody is handing over: the background thread is behind.
+                batch = self._take()
+            self._hand_over(batch)
+
+    def held(self):
+        """How many events are outside the spool now: waiting here or inside a hand-over that
+        has not returned (what a hard kill would lose on top of the spool's own)."""
+        with self._wake:
+            return len(self._waiting) + self._handing
 
     def flush(self):
-        """Hands everything waiting to the spool now; returns how many events it recorded."""
-        with self._cond:
-            waiting, self._waiting = self._waiting, []
-        return self._hand_over(waiting)
+        """Hands everything waiting to the spool now, after any hand-over in progress; returns
+        how many events this call recorded. Everything tracked before it is then in the spool."""
+        with self._wake:
+            while self._handing:
+                self._idle.wait()
+            batch = self._take()
+        return self._hand_over(batch)
 
     def errors(self):
         """Events the SDK refused after `track()` returned: (error text, event line) pairs."""
-        with self._cond:
+        with self._wake:
             errors, self._errors = self._errors, []
         return errors
 
     def close(self):
         """Hands over what is waiting and stops the background thread (the spool stays open)."""
-        with self._cond:
+        with self._wake:
             if self._closed:
                 return
             self._closed = True
-            self._cond.notify()
+            self._wake.notify()
+            self._idle.notify_all()
         self._thread.join(timeout=5)
         self.flush()
 
@@ -115,11 +151,18 @@ class BatchingTracker:
     def __exit__(self, *exc):
         self.close()
 
+    def _take(self):
+        """Moves what is waiting into a hand-over (the caller holds the lock and has checked that
+        none is in progress, so hand-overs run one at a time, in order)."""
+        batch, self._waiting = self._waiting, []
+        self._handing = len(batch)
+        return batch
+
     def _run(self):
         while True:
-            with self._cond:
+            with self._wake:
                 while not self._waiting and not self._closed:
-                    self._cond.wait()
+                    self._wake.wait()
                 if self._closed:
                     return
                 deadline = time.monotonic() + self._max_delay_s
@@ -127,15 +170,27 @@ class BatchingTracker:
                     left = deadline - time.monotonic()
                     if left <= 0:
                         break
-                    self._cond.wait(left)
-                waiting, self._waiting = self._waiting, []
-            self._hand_over(waiting)
+                    self._wake.wait(left)
+                while self._handing and not self._closed:
+                    self._idle.wait()
+                if self._closed:
+                    return  # close() hands over the rest
+                if not self._waiting:
+                    continue  # the hand-over that just ended took them
+                batch = self._take()
+            self._hand_over(batch)
 
-    def _hand_over(self, waiting):
-        """Hands events to the spool in calls of at most `max_events`; returns how many it took."""
+    def _hand_over(self, batch):
+        """Hands events to the spool in calls of at most `max_events`; returns how many it took.
+        Ends the hand-over `_take` began, whatever the spool did."""
         recorded = 0
-        for start in range(0, len(waiting), self._max_events):
-            recorded += self._hand_over_chunk(waiting[start:start + self._max_events])
+        try:
+            for start in range(0, len(batch), self._max_events):
+                recorded += self._hand_over_chunk(batch[start:start + self._max_events])
+        finally:
+            with self._wake:
+                self._handing = 0
+                self._idle.notify_all()
         return recorded
 
     def _hand_over_chunk(self, waiting):
@@ -151,6 +206,6 @@ class BatchingTracker:
                 try:
                     recorded += self._spool.track_batch(line)
                 except Exception as e:  # noqa: BLE001 - reported through errors()
-                    with self._cond:
+                    with self._wake:
                         self._errors.append((str(e), line))
             return recorded

@@ -21,12 +21,13 @@ What this trades, on purpose:
   - a normal exit (atexit), `close()` and `flush()` hand everything over; from then on the
     spool's `durability` decides (README "What is durable when");
   - a hard kill (SIGKILL, a crash, `os._exit`, power loss) loses what the tracker holds, on top
-    of what the spool itself would lose: at most `max_held` events (2,048 with the defaults),
-    and only events whose `track()` returned less than `max_delay_s` (50 ms by default) plus
-    the time of the spool calls ahead of them before the kill. Those calls take about 1 ms per
-    512 events into memory (`durability = spill`), a few ms with `durability = always`; while
-    the spool is slower than that, `track()` blocks instead of holding more. `track_batch` is
-    all or none, so an event inside the call at the kill is either recorded or not, never half.
+    of what the spool itself would lose: at most `max_held` events (2,048 with the defaults;
+    `held()` says how many now), and only events whose `track()` returned less than
+    `max_delay_s` (50 ms by default) plus the time the spool takes to record `max_held` events
+    (the hand-over in progress and the event's own, in `track_batch` calls of `max_events`)
+    before the kill. A spool slower than the tracking thread makes `track()` block instead of
+    holding more. `track_batch` is all or none, so an event inside the call at the kill is
+    either recorded or not.
   - with `durability = always`, an event is stored once its hand-over returned, not when
     `track()` returned: call `flush()` where the app needs that guarantee.
 - The event's timestamp is the time of the `track()` call (taken then, formatted later).

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds the eventspool FFI library (crate bindings/ffi) and generates its Kotlin, Swift and
-# Python bindings.
+# Builds the eventspool FFI library (crate bindings/ffi) and generates its Kotlin and Swift
+# bindings. Python is a wheel that maturin builds and generates itself (bindings/python/pyproject.toml).
 #
 #   bash bindings/generate.sh            # debug cdylib, all features: fast, reuses the build of
 #                                        # `cargo test --workspace --all-features` (what CI and the suites use)
@@ -9,7 +9,6 @@
 #
 # Outputs (build output, ignored by git, regenerated in CI):
 #   bindings/kotlin/src/main/kotlin/uniffi/eventspool/eventspool.kt
-#   bindings/python/eventspool.py + bindings/python/libeventspool_ffi.so (the module loads it from beside itself)
 #   bindings/swift/Sources/EventSpool/eventspool.swift + bindings/swift/include/ (header + modulemap for the XCFramework)
 #   bindings/native/libeventspool_ffi.so (the library the Kotlin tests load through JNA)
 # The generator reads the interface from the library itself (UniFFI library mode), so the
@@ -34,20 +33,18 @@ esac
 
 # The generator is built with the same features as `cargo test --workspace --all-features`, so
 # CI reuses that build instead of compiling the crate a second time.
-cargo build --workspace --all-features --bin uniffi-bindgen
-bindgen=target/debug/uniffi-bindgen
+cargo build --workspace --all-features --bin eventspool-uniffi-bindgen
+bindgen=target/debug/eventspool-uniffi-bindgen
 
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
-for language in kotlin python swift; do
+for language in kotlin swift; do
     "$bindgen" generate "$lib" --language "$language" --out-dir "$tmp/$language" --no-format >/dev/null
 done
 
 mkdir -p bindings/kotlin/src/main/kotlin bindings/native bindings/swift/Sources/EventSpool bindings/swift/include
 rm -rf bindings/kotlin/src/main/kotlin/uniffi
 cp -R "$tmp/kotlin/uniffi" bindings/kotlin/src/main/kotlin/
-cp "$tmp/python/eventspool.py" bindings/python/eventspool.py
-cp "$lib" bindings/python/
 cp "$lib" bindings/native/
 cp "$tmp/swift/eventspool.swift" bindings/swift/Sources/EventSpool/eventspool.swift
 cp "$tmp/swift/eventspoolFFI.h" bindings/swift/include/

@@ -1,9 +1,9 @@
 """A desktop tool using eventspool from Python: track while offline, go online, watch the
 delivery state, drain, shut down.
 
-    bash bindings/generate.sh
+    python3 -m venv /tmp/es && /tmp/es/bin/pip install ./bindings/python
     cargo build --example collector_process
-    PYTHONPATH=bindings/python python3 examples/python_desktop.py
+    /tmp/es/bin/python examples/python_desktop.py
 
 Starts the reference collector on loopback as a child process, so it runs anywhere.
 """

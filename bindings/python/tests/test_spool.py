@@ -2,6 +2,8 @@
 
 import gc
 import json
+import threading
+import time
 import weakref
 
 import pytest
@@ -216,10 +218,10 @@ def test_opt_out_and_purge(collector, fast_config):
 
 
 def test_batching_tracker_hands_everything_over_in_order(collector, fast_config):
-    import eventspool_batching
+    from eventspool.batching import BatchingTracker
 
     spool = EventSpool(fast_config(collector.url), start_offline=True)
-    with eventspool_batching.BatchingTracker(spool, max_events=64, max_delay_s=0.01) as tracker:
+    with BatchingTracker(spool, max_events=64, max_delay_s=0.01) as tracker:
         for i in range(1000):
             tracker.track("batched", {"i": i})
         tracker.track("too big", {"pad": "x" * 100_000})  # refused by the SDK, reported, skipped
@@ -237,7 +239,7 @@ def test_batching_tracker_hands_everything_over_in_order(collector, fast_config)
 
 
 def test_batching_tracker_bounds_what_it_holds_in_a_tight_loop(collector, fast_config):
-    import eventspool_batching
+    from eventspool.batching import BatchingTracker
 
     spool = EventSpool(fast_config(collector.url), start_offline=True)
 
@@ -254,7 +256,7 @@ def test_batching_tracker_bounds_what_it_holds_in_a_tight_loop(collector, fast_c
 
     counting = Counting(spool)
     held = 0
-    tracker = eventspool_batching.BatchingTracker(counting, max_events=512, max_delay_s=0.05)
+    tracker = BatchingTracker(counting, max_events=512, max_delay_s=0.05)
     for i in range(30_000):
         tracker.track("tight", {"i": i})
         held = max(held, len(tracker._waiting))
@@ -264,6 +266,51 @@ def test_batching_tracker_bounds_what_it_holds_in_a_tight_loop(collector, fast_c
     stats = spool.stats()
     assert stats.tracked == 30_000
     assert stats.dropped["memory_overflow"] == 0
+    spool.shutdown(5_000)
+
+
+class _SlowStore:
+    """The real spool behind a store that takes 20 ms per call (a slow disk). At the start of
+    each call it notes how many events were outside the spool (their `track()` returned, the
+    spool has not recorded them yet), and it notes the order in which the spool took them."""
+
+    def __init__(self, spool):
+        self.spool = spool
+        self.lock = threading.Lock()
+        self.returned = 0  # track() calls that returned, set by the tracking thread
+        self.recorded = 0
+        self.most_outside = 0
+        self.order = []
+
+    def track_batch(self, lines):
+        with self.lock:
+            self.most_outside = max(self.most_outside, self.returned - self.recorded)
+        time.sleep(0.02)
+        with self.lock:
+            recorded = self.spool.track_batch(lines)
+            self.recorded += recorded
+            self.order.extend(json.loads(line)["properties"]["i"] for line in lines.split("\n"))
+        return recorded
+
+
+def test_batching_tracker_bounds_every_event_outside_the_spool_and_keeps_order(collector, fast_config):
+    """What a hard kill can lose is what the tracker holds: waiting, or inside a hand-over that
+    has not returned. With a slow store, the tracking thread meets a hand-over in progress;
+    `max_held` still bounds the sum, and the spool takes the events in track() order."""
+    from eventspool.batching import BatchingTracker
+
+    spool = EventSpool(fast_config(collector.url), start_offline=True)
+    slow = _SlowStore(spool)
+    tracker = BatchingTracker(slow, max_events=64, max_delay_s=0.005, max_held=256)
+    for i in range(3000):
+        tracker.track("slow_store", {"i": i})
+        slow.returned = i + 1
+    tracker.close()
+    assert slow.most_outside <= 256, f"{slow.most_outside} events were outside the spool at once"
+    assert slow.most_outside > 64, "the store was never slow enough to meet back-pressure"
+    assert tracker.held() == 0
+    assert slow.order == list(range(3000)), "the spool took the events out of order"
+    assert spool.stats().tracked == 3000
     spool.shutdown(5_000)
 
 

@@ -1,0 +1,30 @@
+"""The PEP 517 build backend of the eventspool wheel: maturin's, with this folder first on PATH
+so that maturin's UniFFI mode finds `uniffi-bindgen` here (the FFI crate's own generator; the
+comment on its `[[bin]]` in bindings/ffi/Cargo.toml says why maturin would not find it alone)."""
+
+import os
+from pathlib import Path
+
+os.environ["PATH"] = str(Path(__file__).resolve().parent) + os.pathsep + os.environ.get("PATH", "")
+
+from maturin import (  # noqa: E402 - after PATH is set, for the maturin process it starts
+    build_editable,
+    build_sdist,
+    build_wheel,
+    get_requires_for_build_editable,
+    get_requires_for_build_sdist,
+    get_requires_for_build_wheel,
+    prepare_metadata_for_build_editable,
+    prepare_metadata_for_build_wheel,
+)
+
+__all__ = [
+    "build_editable",
+    "build_sdist",
+    "build_wheel",
+    "get_requires_for_build_editable",
+    "get_requires_for_build_sdist",
+    "get_requires_for_build_wheel",
+    "prepare_metadata_for_build_editable",
+    "prepare_metadata_for_build_wheel",
+]

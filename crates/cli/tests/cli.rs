@@ -501,6 +501,13 @@ fn demo_script_plays_the_story_and_checks_the_end_state() {
         out.stdout
     );
     assert!(out.stdout.contains("199 delivered"), "{}", out.stdout);
+    // The fleet loop: the report leaves with the quarantine in it, the redrive comes back.
+    assert!(
+        out.stdout.contains("quarantined.bad_request 1"),
+        "{}",
+        out.stdout
+    );
+    assert!(out.stdout.contains("1 redriven"), "{}", out.stdout);
 }
 
 #[test]

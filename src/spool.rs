@@ -12,12 +12,12 @@ use crate::clock::{Clock, SystemClock};
 use crate::config::{Config, Durability};
 use crate::error::{ConfigError, Error, Result};
 use crate::event::{self, EventId, NewEvent, QueuedEvent};
+use crate::fleet::{Fleet, Screen};
 use crate::observers::{ObserverHandle, Observers};
 use crate::quarantine::{ListFilter, QuarantinedEvent, Selector};
 use crate::queue::{Queue, QueueParams};
 use crate::shared::{Control, Ledger, Shared, StateCell, lock};
 use crate::state::{DeliveryObserver, DeliveryState, DeliveryStatus, Notice};
-use crate::fleet::{Fleet, Screen};
 use crate::stats::{DropReason, Entry, Stats};
 use crate::transport::Transport;
 #[cfg(feature = "reqwest")]

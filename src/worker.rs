@@ -12,8 +12,8 @@ use std::time::{Duration, SystemTime};
 use crate::classify::{Outcome, classify};
 use crate::config::Compression;
 use crate::event::{QueuedEvent, SendNote};
-use crate::machine::{Action, Events, Input, Jitter, Machine, Policy, send_note};
 use crate::fleet::Steer;
+use crate::machine::{Action, Events, Input, Jitter, Machine, Policy, send_note};
 use crate::quarantine::{QuarantinedEvent, Selector};
 use crate::shared::{Shared, lock};
 use crate::state::Notice;
@@ -266,7 +266,10 @@ impl Worker {
         let s = &self.s;
         for reason in &steer.redrive {
             let selector = Selector::Reason(reason.clone());
-            match s.queue.redrive(&selector, s.clock.wall_ms(), || s.next_seq()) {
+            match s
+                .queue
+                .redrive(&selector, s.clock.wall_ms(), || s.next_seq())
+            {
                 Ok(n) => tracing::info!(reason, events = n, "redriven by a collector directive"),
                 Err(e) => tracing::warn!(error = %e, reason, "directive redrive failed"),
             }
@@ -275,7 +278,11 @@ impl Worker {
             match s.queue.quarantine_purge(&Selector::Reason(reason.clone())) {
                 Ok(n) => {
                     s.fleet.count_quarantine_purged(n);
-                    tracing::info!(reason, events = n, "quarantine purged by a collector directive");
+                    tracing::info!(
+                        reason,
+                        events = n,
+                        "quarantine purged by a collector directive"
+                    );
                 }
                 Err(e) => tracing::warn!(error = %e, reason, "directive purge failed"),
             }

@@ -92,8 +92,9 @@ pub fn parse(body: &Value, now_ms: i64) -> Parsed {
     let id = match fields.get("id") {
         Some(Value::String(id)) if !id.is_empty() && id.len() <= MAX_ID_BYTES => id.clone(),
         _ => {
-            out.ignored
-                .push(format!("directives: id must be a string of 1-{MAX_ID_BYTES} bytes"));
+            out.ignored.push(format!(
+                "directives: id must be a string of 1-{MAX_ID_BYTES} bytes"
+            ));
             return out;
         }
     };
@@ -101,7 +102,8 @@ pub fn parse(body: &Value, now_ms: i64) -> Parsed {
         None => DEFAULT_TTL_MS,
         Some(v) => match v.as_u64() {
             Some(0) => {
-                out.ignored.push(format!("directives {id}: expired (ttl_ms 0)"));
+                out.ignored
+                    .push(format!("directives {id}: expired (ttl_ms 0)"));
                 return out;
             }
             Some(ttl) => ttl.min(MAX_TTL_MS),
@@ -146,7 +148,9 @@ fn strings(value: &Value, max: usize) -> Result<Vec<String>, String> {
         .iter()
         .map(|v| match v {
             Value::String(s) if !s.is_empty() && s.len() <= MAX_NAME_BYTES => Ok(s.clone()),
-            _ => Err(format!("entries must be strings of 1-{MAX_NAME_BYTES} bytes")),
+            _ => Err(format!(
+                "entries must be strings of 1-{MAX_NAME_BYTES} bytes"
+            )),
         })
         .collect()
 }
@@ -225,7 +229,11 @@ mod tests {
         assert_eq!(d.pause_asked_ms, Some(NOW + 600_000));
         let mut capped = d.clone();
         capped.cap_pause(NOW, 60_000);
-        assert_eq!(capped.pause_until_ms, Some(NOW + 60_000), "capped like Retry-After");
+        assert_eq!(
+            capped.pause_until_ms,
+            Some(NOW + 60_000),
+            "capped like Retry-After"
+        );
         assert_eq!(d.keep_fraction("debug_verbose_x"), 0.0);
         assert_eq!(d.keep_fraction("debug_x"), 0.1);
         assert_eq!(d.keep_fraction("screen_view"), 1.0);
@@ -241,7 +249,11 @@ mod tests {
         let p = parse(&body, NOW);
         assert_eq!(p.ignored.len(), 5, "{:?}", p.ignored);
         let d = p.directive.unwrap();
-        assert_eq!(d.purge_quarantine, vec!["rejected"], "the good field still holds");
+        assert_eq!(
+            d.purge_quarantine,
+            vec!["rejected"],
+            "the good field still holds"
+        );
         assert!(d.redrive.is_empty() && d.sample_rate.is_empty() && d.drop_names.is_empty());
         for bad in [
             json!({"directives": {"id": "d-3", "ttl_ms": 0, "redrive": ["rejected"]}}),

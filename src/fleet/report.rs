@@ -38,12 +38,18 @@ impl Tally {
 
     /// `self - earlier`, field by field; counters only grow, so nothing saturates in practice.
     pub fn since(&self, earlier: &Tally) -> Tally {
-        let map = |now: &BTreeMap<String, u64>, then: &BTreeMap<String, u64>| -> BTreeMap<String, u64> {
-            now.iter()
-                .map(|(k, v)| (k.clone(), v.saturating_sub(then.get(k).copied().unwrap_or(0))))
-                .filter(|(_, v)| *v > 0)
-                .collect()
-        };
+        let map =
+            |now: &BTreeMap<String, u64>, then: &BTreeMap<String, u64>| -> BTreeMap<String, u64> {
+                now.iter()
+                    .map(|(k, v)| {
+                        (
+                            k.clone(),
+                            v.saturating_sub(then.get(k).copied().unwrap_or(0)),
+                        )
+                    })
+                    .filter(|(_, v)| *v > 0)
+                    .collect()
+            };
         Tally {
             tracked: self.tracked.saturating_sub(earlier.tracked),
             restored: self.restored.saturating_sub(earlier.restored),
@@ -51,7 +57,9 @@ impl Tally {
             delivered: self.delivered.saturating_sub(earlier.delivered),
             quarantined: map(&self.quarantined, &earlier.quarantined),
             dropped: map(&self.dropped, &earlier.dropped),
-            quarantine_purged: self.quarantine_purged.saturating_sub(earlier.quarantine_purged),
+            quarantine_purged: self
+                .quarantine_purged
+                .saturating_sub(earlier.quarantine_purged),
         }
     }
 
@@ -61,7 +69,13 @@ impl Tally {
 
     /// The report as it goes on the wire: this delta, with its id, the install it comes from,
     /// and the queue's sizes when it was cut.
-    pub fn to_report(&self, install_id: &str, id: u64, pending: u64, quarantine_size: u64) -> Value {
+    pub fn to_report(
+        &self,
+        install_id: &str,
+        id: u64,
+        pending: u64,
+        quarantine_size: u64,
+    ) -> Value {
         json!({
             "install_id": install_id,
             "report_id": id,

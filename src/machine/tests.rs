@@ -1134,10 +1134,25 @@ fn age_and_interval() {
 fn fleet_report_and_pause() {
     let rows = [
         // Nothing to send: the idle worker sleeps without a deadline...
-        row(idle(), TickEmptyAfter(10_000), &["publish idle", "wait"], "idle"),
+        row(
+            idle(),
+            TickEmptyAfter(10_000),
+            &["publish idle", "wait"],
+            "idle",
+        ),
         // ...but a waiting report arms the periodic flush, and goes with it.
-        row(vec![ReportDue], TickEmpty, &["publish idle", "wait +10000"], "idle"),
-        row(vec![ReportDue], TickEmptyAfter(10_000), &["flush_at seen"], "sending"),
+        row(
+            vec![ReportDue],
+            TickEmpty,
+            &["publish idle", "wait +10000"],
+            "idle",
+        ),
+        row(
+            vec![ReportDue],
+            TickEmptyAfter(10_000),
+            &["flush_at seen"],
+            "sending",
+        ),
         // The queue has nothing: an empty batch carries the report; a 2xx ends it.
         row(
             vec![ReportDue, TickEmptyAfter(10_000), TickEmpty],
@@ -1165,7 +1180,12 @@ fn fleet_report_and_pause() {
             "idle",
         ),
         // A pause: the drain a flush starts rests until it ends, then sends.
-        row(vec![PauseFor(5_000), Flush], Tick, &["publish idle", "wait +5000"], "sending"),
+        row(
+            vec![PauseFor(5_000), Flush],
+            Tick,
+            &["publish idle", "wait +5000"],
+            "sending",
+        ),
         row(
             vec![PauseFor(5_000), Flush],
             TickAfter(5_000),
@@ -1173,9 +1193,19 @@ fn fleet_report_and_pause() {
             "sending",
         ),
         // flush_at does not break it either.
-        row(vec![PauseFor(5_000)], TickFlushAt, &["publish idle", "wait +5000"], "idle"),
+        row(
+            vec![PauseFor(5_000)],
+            TickFlushAt,
+            &["publish idle", "wait +5000"],
+            "idle",
+        ),
         // Capped: a pause of days lasts retry_after_cap_ms.
-        row(vec![PauseFor(86_400_000)], Tick, &["publish idle", "wait +60000"], "idle"),
+        row(
+            vec![PauseFor(86_400_000)],
+            Tick,
+            &["publish idle", "wait +60000"],
+            "idle",
+        ),
         // A retry whose time comes during a pause waits for its end.
         row(
             then(retry(1), &[PauseFor(30_000), Fire]),

@@ -26,7 +26,10 @@ fn totals_until(c: &ReferenceCollector, what: &str, done: impl Fn(&FleetTotals) 
         if done(&t) {
             return;
         }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}: {t:?}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}: {t:?}"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -95,7 +98,11 @@ fn a_fleet_leak_is_reported_then_redriven_by_a_directive() {
         spool.flush();
     }
     let all = (SPOOLS * (GOOD + BAD + 1)) as u64;
-    assert!(c.wait_for_distinct(all, WAIT), "distinct {}", c.distinct_count());
+    assert!(
+        c.wait_for_distinct(all, WAIT),
+        "distinct {}",
+        c.distinct_count()
+    );
     for spool in &spools {
         assert!(spool.wait_drained(WAIT), "{}", spool.state());
     }
@@ -106,7 +113,10 @@ fn a_fleet_leak_is_reported_then_redriven_by_a_directive() {
     // Every tracked event, each once.
     let stored: Vec<String> = c.events().into_iter().map(|e| e.event_id).collect();
     let distinct: HashSet<String> = stored.iter().cloned().collect();
-    assert_eq!(distinct, tracked, "the collector holds exactly what was tracked");
+    assert_eq!(
+        distinct, tracked,
+        "the collector holds exactly what was tracked"
+    );
     assert_eq!(stored.len() as u64, all, "each event stored once");
 
     // The reports balance: the sum of the device ledgers is the collector's totals.
@@ -117,7 +127,10 @@ fn a_fleet_leak_is_reported_then_redriven_by_a_directive() {
     assert_eq!(t.count("tracked"), sum(&stats, |s| s.tracked));
     assert_eq!(t.count("delivered"), sum(&stats, |s| s.delivered));
     assert_eq!(t.count("redriven"), sum(&stats, |s| s.redriven));
-    assert_eq!(t.count("quarantined.bad_request"), sum(&stats, |s| s.quarantined));
+    assert_eq!(
+        t.count("quarantined.bad_request"),
+        sum(&stats, |s| s.quarantined)
+    );
     assert_eq!(t.count("redriven"), bad);
     assert_eq!(t.count("tracked"), all);
     assert_eq!(t.pending, 0);

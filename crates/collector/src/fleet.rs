@@ -172,7 +172,9 @@ fn read(report: &Value) -> Result<Read, String> {
             return Err(format!("{group} has more than {MAX_REASONS} reasons"));
         }
         for (reason, n) in map {
-            let n = n.as_u64().ok_or(format!("{group}.{reason} is not a count"))?;
+            let n = n
+                .as_u64()
+                .ok_or(format!("{group}.{reason} is not a count"))?;
             if n > 0 {
                 counts.insert(format!("{group}.{reason}"), n);
             }
@@ -208,9 +210,16 @@ mod tests {
         assert_eq!(t.count("quarantined.bad_request"), 4);
         assert_eq!(t.pending, 3 + 1, "newest report of each install");
         assert_eq!(book.add(&json!({"report_id": 1})), None);
-        assert_eq!(book.add(&json!({"install_id": "a", "report_id": 9, "tracked": -1})), None);
+        assert_eq!(
+            book.add(&json!({"install_id": "a", "report_id": 9, "tracked": -1})),
+            None
+        );
         assert_eq!(book.totals().malformed, 2);
         let a = &book.installs["a"];
-        assert_eq!((a.floor, a.above.len()), (3, 0), "seen ids folded into the floor");
+        assert_eq!(
+            (a.floor, a.above.len()),
+            (3, 0),
+            "seen ids folded into the floor"
+        );
     }
 }

@@ -186,7 +186,8 @@ mod tests {
         {
             let conn = Connection::open(&path).unwrap();
             conn.execute_batch(MIGRATIONS[0]).unwrap();
-            conn.execute_batch(&MIGRATIONS[1].replace(UPGRADE_MS, "5")).unwrap();
+            conn.execute_batch(&MIGRATIONS[1].replace(UPGRADE_MS, "5"))
+                .unwrap();
             conn.pragma_update(None, "user_version", 2).unwrap();
             conn.execute(
                 "INSERT INTO events (seq, ts, event_id, body, accepted, sends, unanswered)
@@ -204,9 +205,11 @@ mod tests {
             .unwrap();
         assert_eq!(v, SCHEMA_VERSION);
         let row: (i64, i64, i64, i64) = conn
-            .query_row("SELECT seq, accepted, sends, unanswered FROM events", [], |r| {
-                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
-            })
+            .query_row(
+                "SELECT seq, accepted, sends, unanswered FROM events",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+            )
             .unwrap();
         assert_eq!(row, (9, 77, 2, 1), "the queued event is untouched");
         conn.execute("INSERT INTO fleet VALUES ('install_id', 'x')", [])

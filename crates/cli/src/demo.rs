@@ -519,7 +519,7 @@ fn fleet_loop(
     let report = collector.fleet_install(&install).unwrap_or_default();
     let shown: Vec<String> = report.iter().map(|(k, v)| format!("{k} {v}")).collect();
     screen.say(&format!(
-        "   report from install {}…: {}",
+        "   reports from install {}…: {}",
         &install[..8],
         shown.join(", ")
     ));

@@ -140,3 +140,76 @@ fn a_fleet_leak_is_reported_then_redriven_by_a_directive() {
         spool.shutdown(WAIT).unwrap();
     }
 }
+
+/// Waits until the worker is parked on the stepped clock (it has acted on everything so far).
+fn parked(clock: &ManualClock) {
+    let deadline = Instant::now() + WAIT;
+    while clock.sleepers() == 0 {
+        assert!(Instant::now() < deadline, "the worker never parked");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// The settings a directive carries, through the real collector: `sample_rate` and
+/// `drop_names` act at `track()` (counted), `pause_until` holds requests only up to
+/// `retry_after_cap_ms`, an unknown member is ignored and counted, and `directives = false`
+/// turns it all off.
+#[test]
+fn directives_steer_new_events_and_pause_within_the_cap() {
+    let directive = json!({"id": "d-1", "sample_rate": {"debug_": 0.0}, "drop_names": ["spam"],
+                           "pause_until": "2030-01-01T00:00:00Z", "reboot": true});
+    for on in [true, false] {
+        let rig = crate::rig::rig()
+            .collector(|c| {
+                c.set_behavior(Behavior {
+                    directives: Some(directive.clone()),
+                    ..Behavior::default()
+                })
+            })
+            .config(|c| {
+                c.retry_after_cap_ms = 10_000;
+                c.directives = on;
+            })
+            .stored()
+            .open();
+        rig.track_n("first", 1);
+        rig.flush_drained();
+        let sampled = rig.spool.track("debug_view", json!({}));
+        let refused = rig.spool.track("spam", json!({}));
+        let s = rig.stats();
+        if !on {
+            assert!(sampled.is_ok() && refused.is_ok());
+            assert_eq!(s.dropped(eventspool::DropReason::Sampled), 0);
+            assert_eq!((s.directives_applied, s.directives_ignored), (0, 1));
+            continue;
+        }
+        assert!(sampled.is_ok(), "sampling is not the app's error");
+        let err = refused.unwrap_err().to_string();
+        assert!(err.contains("drop_names"), "{err}");
+        assert_eq!(s.dropped(eventspool::DropReason::Sampled), 1);
+        assert_eq!(s.dropped(eventspool::DropReason::NameDropped), 1);
+        assert_eq!(s.pending, 0, "neither was queued");
+        assert_eq!(
+            (s.directives_applied, s.directives_ignored),
+            (1, 1),
+            "`reboot` ignored"
+        );
+        assert!(s.balances());
+        // The pause: a flush sends nothing until the cap (10 s from its arrival) has passed.
+        let before = rig.collector.request_count();
+        rig.track_n("later", 1);
+        rig.spool.flush();
+        parked(&rig.clock);
+        rig.clock.advance(Duration::from_millis(9_000));
+        parked(&rig.clock);
+        assert_eq!(
+            rig.collector.request_count(),
+            before,
+            "nothing sent while paused"
+        );
+        assert_eq!(rig.stats().pending, 1);
+        rig.clock.advance(Duration::from_millis(1_000));
+        assert!(rig.spool.wait_drained(WAIT), "{}", rig.spool.state());
+        assert_eq!(rig.collector.request_count(), before + 1);
+    }
+}

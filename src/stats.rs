@@ -4,7 +4,8 @@
 //! `tracked + restored + redriven = delivered + quarantined + dropped (queue reasons) + pending`.
 //! `restored` counts events found in the store at open; the quarantine's own evictions
 //! (`quarantine_cap`, `quarantine_expired`) leave the quarantine, not the queue, so they are
-//! reported under `dropped` but are not part of that sum.
+//! reported under `dropped` but are not part of that sum; so are `sampled` and `name_dropped`,
+//! events a collector directive kept out at `track()` (never queued, never `tracked`).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};

@@ -26,6 +26,8 @@ const USER_AGENT: &str = concat!("eventspool/", env!("CARGO_PKG_VERSION"));
 struct Worker {
     s: Arc<Shared>,
     machine: Machine,
+    /// Body bytes the batch in flight left for client reports ([`crate::fleet::report_room`]).
+    report_room: u64,
 }
 
 pub async fn run(shared: Arc<Shared>) {
@@ -38,7 +40,11 @@ pub async fn run(shared: Arc<Shared>) {
         shared.clock.now_ms(),
         &control,
     );
-    let mut worker = Worker { machine, s: shared };
+    let mut worker = Worker {
+        machine,
+        s: shared,
+        report_room: 0,
+    };
     worker.recover_leases();
     worker.run().await;
 }
@@ -188,7 +194,10 @@ impl Worker {
 
     /// Takes (leases) the next batch in delivery order from memory and store together, at most
     /// `room` bytes of event JSON.
-    fn assemble(&self, room: u64) -> Option<Events> {
+    fn assemble(&mut self, room: u64) -> Option<Events> {
+        // Part of the room goes to the client reports the batch carries (src/fleet).
+        self.report_room = crate::fleet::report_room(room);
+        let room = room - self.report_room;
         let s = &self.s;
         let limit = s.config.max_batch_events as usize;
         let picked = s.queue.next_batch(limit, room);
@@ -205,7 +214,7 @@ impl Worker {
         self.note_sends(self.machine.in_flight(), SendNote::Sending);
         // What the ledger says since the last report rides with this request (src/fleet).
         s.fleet.cut(&s.queue, &s.full_stats());
-        let (report_ids, reports) = s.fleet.for_request();
+        let (report_ids, reports) = s.fleet.for_request(self.report_room);
         let events = self.machine.in_flight();
         let mut body = wire::batch_body(
             events.iter().map(|(e, _)| &*e.json),

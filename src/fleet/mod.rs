@@ -8,8 +8,9 @@
 //! Anything else (no answer, a 5xx, a restart) leaves them waiting, and they are resent with the
 //! same ids, so a collector that totals each (install, id) once gets exact totals whatever the
 //! network lost, repeated or reordered. When nothing else is to be sent, a report waits for the
-//! periodic flush and goes alone, and only to a collector that has shown it reads reports
-//! (`reports_seen` in a 2xx): an older collector never gets an empty batch it did not ask for.
+//! periodic flush and goes alone, and only to a collector that asked for that
+//! (`"reports_alone": true` in a 2xx): any other collector never gets a request it did not ask
+//! for, and a device's request count stays what its events make it.
 //!
 //! Directives come back in 2xx bodies, checked by [`directive`] and applied here: the one-shot
 //! actions (`redrive`, `purge_quarantine`) once per directive id, the settings (`pause_until`,
@@ -35,6 +36,15 @@ use report::Tally;
 pub const MAX_WAITING_REPORTS: usize = 32;
 /// Reports one request carries: a backlog after a long outage drains a few per request.
 pub const MAX_REPORTS_PER_REQUEST: usize = 4;
+/// Body bytes a batch leaves for its reports, at most (a report is a few hundred bytes): taken
+/// from the room of the events, so a body never outgrows `max_batch_bytes` or a limit a 413
+/// taught. At most a quarter of the room, so small batch limits keep most of it for events.
+pub const MAX_REPORT_ROOM_BYTES: u64 = 4096;
+
+/// The part of a batch's `room` (bytes of event JSON) kept for its reports.
+pub fn report_room(room: u64) -> u64 {
+    MAX_REPORT_ROOM_BYTES.min(room / 4)
+}
 
 /// Names in the store's `fleet` table.
 mod key {
@@ -78,8 +88,8 @@ struct Inner {
     baseline: Tally,
     quarantined: BTreeMap<String, u64>,
     quarantine_purged: u64,
-    /// A 2xx said `reports_seen`: a lone report may go with a periodic flush.
-    collector_reads: bool,
+    /// A 2xx said `"reports_alone": true`: a lone report may go with a periodic flush.
+    lone_reports: bool,
     directive: Option<Directive>,
     /// The id whose one-shot actions ran (persisted, so a restart does not run them again).
     applied: Option<String>,
@@ -183,10 +193,21 @@ impl Fleet {
         g.baseline = now;
     }
 
-    /// The reports the next request carries: their ids and the JSON array for the body.
-    pub fn for_request(&self) -> (Vec<u64>, Option<String>) {
+    /// The reports the next request carries, the oldest that fit in `room` bytes of body:
+    /// their ids and the JSON array for the body.
+    pub fn for_request(&self, room: u64) -> (Vec<u64>, Option<String>) {
         let g = lock(&self.inner);
-        let some: Vec<_> = g.waiting.iter().take(MAX_REPORTS_PER_REQUEST).collect();
+        // `,"reports":[` and `]`, then each report and its comma.
+        let mut used = 13;
+        let some: Vec<_> = g
+            .waiting
+            .iter()
+            .take(MAX_REPORTS_PER_REQUEST)
+            .take_while(|(_, body)| {
+                used += body.len() as u64 + 1;
+                used <= room
+            })
+            .collect();
         if some.is_empty() {
             return (Vec::new(), None);
         }
@@ -196,10 +217,10 @@ impl Fleet {
     }
 
     /// Whether a report waits (or would be cut) with nothing else to send, for a collector that
-    /// reads reports: the machine then sends it with the next periodic flush.
+    /// asked for lone reports: the machine then sends it with the next periodic flush.
     pub fn report_due(&self, stats: &Stats) -> bool {
         let g = lock(&self.inner);
-        if !g.collector_reads {
+        if !g.lone_reports {
             return false;
         }
         !g.waiting.is_empty()
@@ -222,8 +243,8 @@ impl Fleet {
         let Ok(value) = serde_json::from_slice::<Value>(body) else {
             return Steer::default();
         };
-        if value.get("reports_seen").is_some() {
-            g.collector_reads = true;
+        if value.get("reports_alone") == Some(&Value::Bool(true)) {
+            g.lone_reports = true;
         }
         if value.get("directives").is_none() {
             return Steer::default();

@@ -103,7 +103,7 @@ proptest! {
                 }
                 Step::Send { arrives, copies, answered } => {
                     fleet.cut(&q, &stats(t, d, expired));
-                    let (ids, body) = fleet.for_request();
+                    let (ids, body) = fleet.for_request(u64::MAX);
                     let Some(body) = body else { continue };
                     if arrives {
                         deliver(&mut book, &body)?;
@@ -126,7 +126,7 @@ proptest! {
         // The network heals: requests go and are answered until nothing waits.
         for _ in 0..=MAX_WAITING_REPORTS + 1 {
             fleet.cut(&q, &stats(t, d, expired));
-            let (ids, body) = fleet.for_request();
+            let (ids, body) = fleet.for_request(u64::MAX);
             let Some(body) = body else { break };
             deliver(&mut book, &body)?;
             fleet.answered(&q, &ids, b"{}", 0);
@@ -134,7 +134,7 @@ proptest! {
         for r in in_transit {
             book.add(&r);
         }
-        prop_assert!(fleet.for_request().1.is_none(), "reports still waiting");
+        prop_assert!(fleet.for_request(u64::MAX).1.is_none(), "reports still waiting");
         let totals = book.totals();
         let mut want = BTreeMap::new();
         for (name, n) in [
@@ -181,7 +181,7 @@ fn reports_and_the_install_id_survive_a_reopen() {
         let fleet = Fleet::load(&q, true, 60_000, 0);
         fleet.cut(&q, &stats(5, 0, 0));
         fleet.cut(&q, &stats(7, 2, 0));
-        let (ids, body) = fleet.for_request();
+        let (ids, body) = fleet.for_request(u64::MAX);
         assert_eq!(ids, vec![1, 2]);
         fleet.answered(&q, &[1], b"{}", 0);
         q.release_ownership();
@@ -190,11 +190,15 @@ fn reports_and_the_install_id_survive_a_reopen() {
     let q = open();
     let fleet = Fleet::load(&q, true, 60_000, 0);
     assert_eq!(fleet.install_id(), install);
-    let (ids, body) = fleet.for_request();
+    let (ids, body) = fleet.for_request(u64::MAX);
     assert_eq!(ids, vec![2], "the uncovered report waits, with its id");
     let first: Vec<Value> = serde_json::from_str(&first).unwrap();
     let again: Vec<Value> = serde_json::from_str(&body.unwrap()).unwrap();
     assert_eq!(again[0], first[1], "byte for byte the same report");
     fleet.cut(&q, &stats(1, 0, 0));
-    assert_eq!(fleet.for_request().0, vec![2, 3], "numbering goes on");
+    assert_eq!(
+        fleet.for_request(u64::MAX).0,
+        vec![2, 3],
+        "numbering goes on"
+    );
 }

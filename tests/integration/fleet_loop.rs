@@ -43,6 +43,7 @@ fn a_fleet_leak_is_reported_then_redriven_by_a_directive() {
     let c = collector();
     c.set_behavior(Behavior {
         reject_property: Some("coupon".into()),
+        lone_reports: true,
         ..Behavior::default()
     });
     let dirs: Vec<_> = (0..SPOOLS).map(|_| tempfile::tempdir().unwrap()).collect();
@@ -90,6 +91,7 @@ fn a_fleet_leak_is_reported_then_redriven_by_a_directive() {
     // The fix ships on the collector, with the directive that brings the events back.
     c.set_behavior(Behavior {
         directives: Some(json!({"id": "fix-coupon", "redrive": ["bad_request"]})),
+        lone_reports: true,
         ..Behavior::default()
     });
     // Devices hear it with their next request (here: one more event each).

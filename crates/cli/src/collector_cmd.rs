@@ -69,6 +69,11 @@ pub struct CollectorArgs {
     /// Send this JSON object as `directives` in every 2xx (docs/protocol.md §Directives).
     #[arg(long, value_name = "JSON")]
     directives: Option<String>,
+    /// Ask devices to send a waiting client report alone with their periodic flush when they
+    /// have no event to send (totals catch up without new events; one request per flush
+    /// interval at most).
+    #[arg(long)]
+    lone_reports: bool,
     /// Print the fleet's client report totals every SECS seconds when they changed.
     #[arg(long, value_name = "SECS")]
     fleet_every: Option<f64>,
@@ -120,6 +125,7 @@ pub fn run(args: CollectorArgs) -> CmdResult {
         delay: args.delay_ms.map(Duration::from_millis),
         required_api_key: args.require_api_key,
         reject_property: args.reject_property,
+        lone_reports: args.lone_reports,
         directives,
         ..Behavior::default()
     };

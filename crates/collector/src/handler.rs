@@ -446,6 +446,9 @@ async fn verdict(
     let mut body = json!({ "accepted": new, "duplicates": dup });
     if !pending.reports.is_empty() {
         body["reports_seen"] = json!(shared.add_reports(&pending.reports));
+        if b.lone_reports {
+            body["reports_alone"] = json!(true);
+        }
     }
     if let Some(directives) = &b.directives {
         body["directives"] = directives.clone();

@@ -124,6 +124,11 @@ pub struct Behavior {
     /// 400 like `reject_name`: a collector bug that refuses good events, which the SDK
     /// quarantines as `bad_request` until a directive redrives them.
     pub reject_property: Option<String>,
+    /// Says `"reports_alone": true` in 2xx answers to requests that carry client reports: the
+    /// SDK then sends a waiting report alone with its periodic flush when it has no event to
+    /// send (one request per flush interval at most, and only after a change), so the totals
+    /// catch up without new events.
+    pub lone_reports: bool,
     /// Sent as `directives` in every 2xx answer (docs/protocol.md §Directives), as is: a test
     /// or an operator steers the fleet with it, and can send malformed ones on purpose.
     pub directives: Option<serde_json::Value>,

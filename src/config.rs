@@ -105,6 +105,9 @@ macro_rules! config_table {
                 /// `"spill"` (default) or `"always"` (needs `db_path`).
                 durability: Durability = Durability::Spill, ffi String, plain;
                 allow_insecure_http: bool = false, ffi bool, plain;
+                /// Take directives from the collector's answers (docs/protocol.md §Directives);
+                /// `false` ignores them (counted in `directives_ignored`). Reports go either way.
+                directives: bool = true, ffi bool, plain;
             }
         }
     };
@@ -446,7 +449,7 @@ mod tests {
                 "db_path" => "/tmp/x.db",
                 "compression" => "none",
                 "durability" => "always",
-                "allow_insecure_http" => "true",
+                "allow_insecure_http" | "directives" => "true",
                 _ => "7",
             };
             c.set(name, value).unwrap_or_else(|e| panic!("{name}: {e}"));

@@ -285,7 +285,7 @@ fn json_kind(value: &Value) -> &'static str {
 }
 
 /// Cuts echoed input so an error message stays short (and never carries a whole payload).
-fn truncate(text: &str, max: usize) -> &str {
+pub(crate) fn truncate(text: &str, max: usize) -> &str {
     match text.char_indices().nth(max) {
         Some((i, _)) => &text[..i],
         None => text,

@@ -24,6 +24,7 @@ pub(crate) mod clock;
 pub(crate) mod config;
 pub(crate) mod error;
 pub(crate) mod event;
+mod fleet;
 mod machine;
 mod observers;
 pub(crate) mod quarantine;

@@ -115,6 +115,15 @@ pub enum Input {
         events: Option<Events>,
         wall_ms: i64,
     },
+    /// The fleet loop (src/fleet), before each [`Input::Tick`]: whether a client report waits
+    /// with nothing else to send (it goes with the next periodic flush, never sooner), and a
+    /// collector's `pause_until` as a delay from `now_ms` (no request before it; capped by
+    /// `retry_after_cap_ms`, as `Retry-After` is).
+    Fleet {
+        now_ms: u64,
+        report_due: bool,
+        pause_ms: Option<u64>,
+    },
     /// The answer to [`Action::Send`]: `note` is what the transport's result says about the
     /// send ([`SendNote::Answered`] for any HTTP answer, [`SendNote::NotSent`] for a refused
     /// connection, `None` when the effect is unknown), `outcome` its classification,
@@ -287,6 +296,13 @@ pub struct Machine {
     /// The app's last word on connectivity: where the machine rests when nothing is sent.
     online: bool,
     asked: Option<Asked>,
+    /// A client report waits with no event to carry it (see [`Input::Fleet`]).
+    report_due: bool,
+    /// This drain was started for a waiting report alone: when the queue has nothing, an
+    /// empty batch carries it.
+    report_only: bool,
+    /// No request before this (monotonic), from a collector's `pause_until`.
+    hold_until_ms: Option<u64>,
     out: Vec<Action>,
 }
 
@@ -321,6 +337,9 @@ impl Machine {
             last_send_unanswered: false,
             online: control.online,
             asked: None,
+            report_due: false,
+            report_only: false,
+            hold_until_ms: None,
             out: Vec::new(),
         }
     }
@@ -335,6 +354,16 @@ impl Machine {
                 pending,
                 flush_at,
             } => self.tick(now_ms, wall_ms, pending, flush_at),
+            Input::Fleet {
+                now_ms,
+                report_due,
+                pause_ms,
+            } => {
+                self.report_due = report_due;
+                if let Some(ms) = pause_ms {
+                    self.hold_until_ms = Some(now_ms + ms.min(self.policy.retry_after_cap_ms));
+                }
+            }
             Input::Batch { events, wall_ms } => self.batch(events, wall_ms),
             Input::Answer {
                 now_ms,
@@ -393,16 +422,21 @@ impl Machine {
                     until_ms: Some(probe_at_ms),
                 });
             }
+            Mode::Idle | Mode::Draining if self.held(now) => {}
             Mode::Idle => {
                 let flush_at = !self.suppress_flush_at && flush_at_reached;
-                if pending > 0 && (flush_at || now >= self.next_periodic_ms) {
+                let periodic = now >= self.next_periodic_ms;
+                let events_due = pending > 0 && (flush_at || periodic);
+                if events_due || (self.report_due && periodic) {
+                    // With no event to carry it, the report goes alone (see `batch`).
+                    self.report_only = !events_due;
                     self.start_drain(now);
                     return;
                 }
-                if now >= self.next_periodic_ms {
+                if periodic {
                     self.next_periodic_ms = now + self.policy.flush_interval_ms;
                 }
-                let deadline = (pending > 0).then_some(self.next_periodic_ms);
+                let deadline = (pending > 0 || self.report_due).then_some(self.next_periodic_ms);
                 self.rest(DeliveryState::Idle, deadline);
             }
             Mode::RetryWait {
@@ -435,6 +469,22 @@ impl Machine {
                 });
             }
             Mode::Draining => self.drain_step(now, wall_ms),
+        }
+    }
+
+    /// While a collector's `pause_until` holds, the machine rests `Idle` until it ends (a batch
+    /// already split keeps its place in the work and goes after). Returns whether it rests.
+    fn held(&mut self, now: u64) -> bool {
+        match self.hold_until_ms {
+            Some(until) if now < until => {
+                self.rest(DeliveryState::Idle, Some(until));
+                true
+            }
+            Some(_) => {
+                self.hold_until_ms = None;
+                false
+            }
+            None => false,
         }
     }
 
@@ -577,7 +627,12 @@ impl Machine {
     fn batch(&mut self, events: Option<Events>, wall_ms: i64) {
         match (self.asked.take(), events) {
             (Some(Asked::Drain), Some(events)) => {
+                self.report_only = false;
                 self.work.push_back(Batch::new(events));
+                self.send_front(wall_ms);
+            }
+            (Some(Asked::Drain), None) if std::mem::take(&mut self.report_only) => {
+                self.work.push_back(Batch::new(Vec::new()));
                 self.send_front(wall_ms);
             }
             (Some(Asked::Drain), None) => {
@@ -686,6 +741,11 @@ impl Machine {
         let Some(batch) = self.work.pop_front() else {
             return;
         };
+        if batch.events.is_empty() && matches!(outcome, Outcome::Poisoned { .. }) {
+            // A lone report refused: nothing to split or quarantine; it waits for the next
+            // request (src/fleet).
+            return;
+        }
         if !matches!(outcome, Outcome::Transient { .. }) && self.probing.take().is_some() {
             // The collector answered the probe: whatever comes next is a new episode.
             self.fresh_episode();

@@ -10,6 +10,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use crate::clock::Clock;
 use crate::config::Config;
 use crate::error::Result;
+use crate::fleet::Fleet;
 use crate::observers::Observers;
 use crate::queue::Queue;
 use crate::state::{DeliveryObserver, DeliveryState, DeliveryStatus, Notice};
@@ -82,6 +83,8 @@ pub struct Shared {
     pub transport: Arc<dyn Transport>,
     /// Every pending event, and the moves between memory and the store.
     pub queue: Queue,
+    /// Client reports and collector directives (src/fleet).
+    pub fleet: Fleet,
     pub counters: Ledger,
     pub next_seq: AtomicU64,
     pub control: Mutex<Control>,
@@ -121,6 +124,14 @@ thread_local! {
 }
 
 impl Shared {
+    /// The counters with the queue's sizes and the fleet loop's counts filled in.
+    pub fn full_stats(&self) -> crate::stats::Stats {
+        let mut stats = self.counters.snapshot();
+        self.queue.fill_stats(&mut stats);
+        (stats.directives_applied, stats.directives_ignored) = self.fleet.directive_counts();
+        stats
+    }
+
     pub fn control(&self, f: impl FnOnce(&mut Control)) {
         f(&mut lock(&self.control));
         self.wake.notify_one();

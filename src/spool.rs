@@ -12,12 +12,13 @@ use crate::clock::{Clock, SystemClock};
 use crate::config::{Config, Durability};
 use crate::error::{ConfigError, Error, Result};
 use crate::event::{self, EventId, NewEvent, QueuedEvent};
+use crate::fleet::{Fleet, Screen};
 use crate::observers::{ObserverHandle, Observers};
 use crate::quarantine::{ListFilter, QuarantinedEvent, Selector};
 use crate::queue::{Queue, QueueParams};
 use crate::shared::{Control, Ledger, Shared, StateCell, lock};
 use crate::state::{DeliveryObserver, DeliveryState, DeliveryStatus, Notice};
-use crate::stats::{Entry, Stats};
+use crate::stats::{DropReason, Entry, Stats};
 use crate::transport::Transport;
 #[cfg(feature = "reqwest")]
 use crate::transport::{ReqwestTransport, TransportError};
@@ -166,8 +167,15 @@ impl EventSpool {
                 None,
             ),
         };
+        let fleet = Fleet::load(
+            &queue,
+            config.directives,
+            config.retry_after_cap_ms,
+            clock.wall_ms(),
+        );
         let (shutdown, _) = tokio::sync::watch::channel(false);
         let shared = Arc::new(Shared {
+            fleet,
             api_key: Mutex::new(config.api_key.clone()),
             clock,
             transport,
@@ -284,6 +292,9 @@ impl EventSpool {
             self.check_accepting()?;
             let queued = self.prepare(&event)?;
             let id = queued.id;
+            if !self.screen(&event.name)? {
+                return Ok(id);
+            }
             self.accept(std::iter::once(queued), 1)
                 .map(|()| id)
                 .map_err(|reason| Error::NotDurable {
@@ -323,6 +334,14 @@ impl EventSpool {
             })
             .collect::<Result<Vec<_>>>()?;
         let ids: Vec<EventId> = prepared.iter().map(|q| q.id).collect();
+        // The collector's directives leave some out (counted); the batch is still all or none
+        // for what the app can get wrong.
+        let prepared: Vec<QueuedEvent> = prepared
+            .into_iter()
+            .zip(events)
+            .filter(|(_, e)| self.screen(&e.name).unwrap_or(false))
+            .map(|(q, _)| q)
+            .collect();
         let n = prepared.len() as u64;
         let s = self.shared();
         if s.config.durability == Durability::Spill {
@@ -345,6 +364,27 @@ impl EventSpool {
                 event_ids: ids,
                 reason,
             }),
+        }
+    }
+
+    /// Whether an event named `name` is kept under the collector's directive in force
+    /// (src/fleet): `Ok(false)` when `sample_rate` leaves it out, an error when `drop_names`
+    /// refuses it; both counted.
+    fn screen(&self, name: &str) -> Result<bool> {
+        let s = self.shared();
+        match s.fleet.screen(name, s.clock.wall_ms()) {
+            Screen::Keep => Ok(true),
+            Screen::Sampled => {
+                s.counters.drop(DropReason::Sampled, 1);
+                Ok(false)
+            }
+            Screen::NameDropped => {
+                s.counters.drop(DropReason::NameDropped, 1);
+                Err(Error::InvalidEvent(format!(
+                    "name {:?} is refused by the collector's drop_names directive",
+                    event::truncate(name, 64)
+                )))
+            }
         }
     }
 
@@ -499,9 +539,13 @@ impl EventSpool {
 
     pub fn stats(&self) -> Stats {
         let s = self.shared();
-        let mut stats = s.counters.snapshot();
-        s.queue.fill_stats(&mut stats);
-        stats
+        s.full_stats()
+    }
+
+    /// The random id this install reports under (made once, kept in the store; a memory-only
+    /// spool makes a new one each time it opens). It names the install, nothing else.
+    pub fn install_id(&self) -> String {
+        self.shared().fleet.install_id().to_string()
     }
 
     /// Waits (real time) until `done` holds for the current state or for one published while
@@ -590,7 +634,10 @@ impl EventSpool {
         if self.handle.closed.load(Ordering::Relaxed) {
             return Err(Error::ShutDown);
         }
-        self.shared().queue.quarantine_purge(selector)
+        let s = self.shared();
+        let n = s.queue.quarantine_purge(selector)?;
+        s.fleet.count_quarantine_purged(n);
+        Ok(n)
     }
 }
 
@@ -631,6 +678,8 @@ impl Handle {
             s.shutdown.send_replace(true);
         }
         let result = s.persist().map(|_| ());
+        // What changed since the last client report is kept as one more, sent after a restart.
+        s.fleet.cut(&s.queue, &s.full_stats());
         s.queue.stop_spiller();
         // Not from the worker's thread, nor from the spill thread itself (an observer told of a
         // refused spill calls shutdown() there): it ends once the callback returns.

@@ -4,7 +4,8 @@
 //! `tracked + restored + redriven = delivered + quarantined + dropped (queue reasons) + pending`.
 //! `restored` counts events found in the store at open; the quarantine's own evictions
 //! (`quarantine_cap`, `quarantine_expired`) leave the quarantine, not the queue, so they are
-//! reported under `dropped` but are not part of that sum.
+//! reported under `dropped` but are not part of that sum; so are `sampled` and `name_dropped`,
+//! events a collector directive kept out at `track()` (never queued, never `tracked`).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -25,16 +26,22 @@ pub enum DropReason {
     QuarantineCap,
     /// Quarantined longer than `quarantine_retention_ms`.
     QuarantineExpired,
+    /// Left out at `track()` by a collector's `sample_rate` directive (never queued).
+    Sampled,
+    /// Refused at `track()` by a collector's `drop_names` directive (never queued).
+    NameDropped,
 }
 
 impl DropReason {
-    pub const ALL: [DropReason; 6] = [
+    pub const ALL: [DropReason; 8] = [
         DropReason::MemoryOverflow,
         DropReason::DiskCap,
         DropReason::Expired,
         DropReason::Purged,
         DropReason::QuarantineCap,
         DropReason::QuarantineExpired,
+        DropReason::Sampled,
+        DropReason::NameDropped,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -45,14 +52,20 @@ impl DropReason {
             DropReason::Purged => "purged",
             DropReason::QuarantineCap => "quarantine_cap",
             DropReason::QuarantineExpired => "quarantine_expired",
+            DropReason::Sampled => "sampled",
+            DropReason::NameDropped => "name_dropped",
         }
     }
 
-    /// Whether the events came out of the queue (and so count against `pending`).
+    /// Whether the events came out of the queue (and so count against `pending`). The
+    /// directives' drops never entered it: they are not `tracked` either.
     pub fn leaves_queue(self) -> bool {
         !matches!(
             self,
-            DropReason::QuarantineCap | DropReason::QuarantineExpired
+            DropReason::QuarantineCap
+                | DropReason::QuarantineExpired
+                | DropReason::Sampled
+                | DropReason::NameDropped
         )
     }
 }
@@ -83,6 +96,10 @@ pub struct Stats {
     pub stores_recovered: u64,
     /// Panics caught inside background tasks or observers.
     pub panics: u64,
+    /// Collector directives taken, and directive fields ignored (malformed, unknown, expired,
+    /// or turned off with `directives = false`); see docs/protocol.md §Directives.
+    pub directives_applied: u64,
+    pub directives_ignored: u64,
 }
 
 impl Stats {
@@ -152,7 +169,7 @@ pub struct Counters {
     pub store_errors: AtomicU64,
     pub stores_recovered: AtomicU64,
     pub panics: AtomicU64,
-    dropped: [AtomicU64; 6],
+    dropped: [AtomicU64; DropReason::ALL.len()],
     /// Shared by moves, exclusive for a snapshot.
     gate: parking_lot::RwLock<()>,
 }

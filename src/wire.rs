@@ -11,7 +11,13 @@ use crate::event::format_timestamp;
 /// Bodies up to this size are sent as they are: gzip would save little and cost a copy.
 pub const GZIP_THRESHOLD_BYTES: usize = 1024;
 
-pub fn batch_body<'a>(events: impl Iterator<Item = &'a str>, sent_at_ms: i64) -> Vec<u8> {
+/// `reports` is the JSON array of client reports the request carries (src/fleet), an additive
+/// member that a collector which does not know it ignores.
+pub fn batch_body<'a>(
+    events: impl Iterator<Item = &'a str>,
+    sent_at_ms: i64,
+    reports: Option<&str>,
+) -> Vec<u8> {
     let mut body = Vec::with_capacity(4096);
     body.extend_from_slice(b"{\"sent_at\":\"");
     body.extend_from_slice(format_timestamp(sent_at_ms).as_bytes());
@@ -22,7 +28,12 @@ pub fn batch_body<'a>(events: impl Iterator<Item = &'a str>, sent_at_ms: i64) ->
         }
         body.extend_from_slice(event.as_bytes());
     }
-    body.extend_from_slice(b"]}");
+    body.push(b']');
+    if let Some(reports) = reports {
+        body.extend_from_slice(b",\"reports\":");
+        body.extend_from_slice(reports.as_bytes());
+    }
+    body.push(b'}');
     body
 }
 
@@ -41,7 +52,7 @@ mod tests {
 
     #[test]
     fn body_is_valid_json_and_gzip_round_trips() {
-        let body = batch_body([r#"{"a":1}"#, r#"{"b":2}"#].into_iter(), 0);
+        let body = batch_body([r#"{"a":1}"#, r#"{"b":2}"#].into_iter(), 0, None);
         let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(v["sent_at"], "1970-01-01T00:00:00.000Z");
         assert_eq!(v["batch"][1]["b"], 2);
@@ -50,5 +61,9 @@ mod tests {
             .read_to_end(&mut out)
             .unwrap();
         assert_eq!(out, body);
+        let with = batch_body(std::iter::empty(), 0, Some(r#"[{"report_id":1}]"#));
+        let v: serde_json::Value = serde_json::from_slice(&with).unwrap();
+        assert_eq!(v["batch"], serde_json::json!([]));
+        assert_eq!(v["reports"][0]["report_id"], 1);
     }
 }

@@ -9,11 +9,12 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime};
 
-use crate::classify::classify;
+use crate::classify::{Outcome, classify};
 use crate::config::Compression;
 use crate::event::{QueuedEvent, SendNote};
+use crate::fleet::Steer;
 use crate::machine::{Action, Events, Input, Jitter, Machine, Policy, send_note};
-use crate::quarantine::QuarantinedEvent;
+use crate::quarantine::{QuarantinedEvent, Selector};
 use crate::shared::{Shared, lock};
 use crate::state::Notice;
 use crate::stats::{DropReason, Exit};
@@ -25,6 +26,8 @@ const USER_AGENT: &str = concat!("eventspool/", env!("CARGO_PKG_VERSION"));
 struct Worker {
     s: Arc<Shared>,
     machine: Machine,
+    /// Body bytes the batch in flight left for client reports ([`crate::fleet::report_room`]).
+    report_room: u64,
 }
 
 pub async fn run(shared: Arc<Shared>) {
@@ -37,7 +40,11 @@ pub async fn run(shared: Arc<Shared>) {
         shared.clock.now_ms(),
         &control,
     );
-    let mut worker = Worker { machine, s: shared };
+    let mut worker = Worker {
+        machine,
+        s: shared,
+        report_room: 0,
+    };
     worker.recover_leases();
     worker.run().await;
 }
@@ -48,6 +55,15 @@ impl Worker {
             let verbs = self.s.take_control();
             let now_ms = self.s.clock.now_ms();
             let actions = self.machine.feed(Input::Control { verbs, now_ms });
+            if !self.perform(actions).await {
+                return;
+            }
+            let fleet = Input::Fleet {
+                now_ms: self.s.clock.now_ms(),
+                report_due: self.s.fleet.report_due(&self.s.counters.snapshot()),
+                pause_ms: self.s.fleet.take_pause(self.s.clock.wall_ms()),
+            };
+            let actions = self.machine.feed(fleet);
             if !self.perform(actions).await {
                 return;
             }
@@ -178,7 +194,10 @@ impl Worker {
 
     /// Takes (leases) the next batch in delivery order from memory and store together, at most
     /// `room` bytes of event JSON.
-    fn assemble(&self, room: u64) -> Option<Events> {
+    fn assemble(&mut self, room: u64) -> Option<Events> {
+        // Part of the room goes to the client reports the batch carries (src/fleet).
+        self.report_room = crate::fleet::report_room(room);
+        let room = room - self.report_room;
         let s = &self.s;
         let limit = s.config.max_batch_events as usize;
         let picked = s.queue.next_batch(limit, room);
@@ -193,8 +212,15 @@ impl Worker {
     async fn send(&mut self, attempt: u32, wall_ms: i64) -> Option<Input> {
         let s = self.s.clone();
         self.note_sends(self.machine.in_flight(), SendNote::Sending);
+        // What the ledger says since the last report rides with this request (src/fleet).
+        s.fleet.cut(&s.queue, &s.full_stats());
+        let (report_ids, reports) = s.fleet.for_request(self.report_room);
         let events = self.machine.in_flight();
-        let mut body = wire::batch_body(events.iter().map(|(e, _)| &*e.json), wall_ms);
+        let mut body = wire::batch_body(
+            events.iter().map(|(e, _)| &*e.json),
+            wall_ms,
+            reports.as_deref(),
+        );
         let body_bytes = body.len() as u64;
         let mut headers = vec![
             ("Content-Type".to_string(), "application/json".to_string()),
@@ -228,12 +254,51 @@ impl Worker {
             _ = shutdown.wait_for(|stop| *stop) => return None,
         };
         let now_ms = s.clock.now_ms();
+        let outcome = classify(&result, SystemTime::now());
+        if let (Ok(response), Outcome::Delivered | Outcome::Partial { .. }) = (&result, &outcome) {
+            let steer = s
+                .fleet
+                .answered(&s.queue, &report_ids, &response.body, s.clock.wall_ms());
+            self.steer(steer);
+        }
         Some(Input::Answer {
             now_ms,
             note: send_note(&result),
-            outcome: classify(&result, SystemTime::now()),
+            outcome,
             body_bytes,
         })
+    }
+
+    /// A directive's one-shot actions (src/fleet): they touch only the quarantine. Redriven
+    /// events keep their ids and go out with the next batches.
+    fn steer(&self, steer: Steer) {
+        let s = &self.s;
+        for reason in &steer.redrive {
+            let selector = Selector::Reason(reason.clone());
+            match s
+                .queue
+                .redrive(&selector, s.clock.wall_ms(), || s.next_seq())
+            {
+                Ok(n) => tracing::info!(reason, events = n, "redriven by a collector directive"),
+                Err(e) => tracing::warn!(error = %e, reason, "directive redrive failed"),
+            }
+        }
+        for reason in &steer.purge_quarantine {
+            match s.queue.quarantine_purge(&Selector::Reason(reason.clone())) {
+                Ok(n) => {
+                    s.fleet.count_quarantine_purged(n);
+                    tracing::info!(
+                        reason,
+                        events = n,
+                        "quarantine purged by a collector directive"
+                    );
+                }
+                Err(e) => tracing::warn!(error = %e, reason, "directive purge failed"),
+            }
+        }
+        if !steer.redrive.is_empty() {
+            s.control(|c| c.flush = true);
+        }
     }
 
     /// Records a send's bookkeeping for events that stay queued.
@@ -276,6 +341,7 @@ impl Worker {
             return;
         }
         let n = events.len() as u64;
+        self.s.fleet.count_quarantined(why, n);
         tracing::warn!(events = n, reason = why, status = ?status, "events quarantined");
         if let Err(e) = self.s.queue.ack(&events) {
             tracing::error!(error = %e, "could not remove quarantined events from the queue");

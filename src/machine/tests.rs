@@ -49,6 +49,11 @@ enum In {
     TickFlushAt,
     TickEmpty,
     TickAfter(u64),
+    TickEmptyAfter(u64),
+    // The fleet loop: a client report waits with nothing else to send; a collector's
+    // `pause_until` this many ms ahead.
+    ReportDue,
+    PauseFor(u64),
     /// A turn at the retry or probe time the machine set.
     Fire,
     // The queue's answer: a batch of n events, or nothing.
@@ -188,6 +193,20 @@ impl Rig {
                 self.now += ms;
                 self.tick(3, false)
             }
+            TickEmptyAfter(ms) => {
+                self.now += ms;
+                self.tick(0, false)
+            }
+            ReportDue => self.m.feed(Input::Fleet {
+                now_ms: self.now,
+                report_due: true,
+                pause_ms: None,
+            }),
+            PauseFor(ms) => self.m.feed(Input::Fleet {
+                now_ms: self.now,
+                report_due: false,
+                pause_ms: Some(*ms),
+            }),
             Fire => {
                 match self.m.mode {
                     Mode::RetryWait { deadline_ms, .. } => self.now = deadline_ms,
@@ -1106,4 +1125,94 @@ fn age_and_interval() {
         row(then(waiting(), &[Fire]), Tick, &["send 3 #5"], "probing"),
     ];
     assert_eq!(drive(spaced, &rows), 3);
+}
+
+/// The fleet loop's two inputs: a lone client report goes with the periodic flush and never
+/// sooner; a collector's `pause_until` holds every request until it ends, capped like
+/// `Retry-After` (`retry_after_cap_ms` is 60 s here).
+#[test]
+fn fleet_report_and_pause() {
+    let rows = [
+        // Nothing to send: the idle worker sleeps without a deadline...
+        row(
+            idle(),
+            TickEmptyAfter(10_000),
+            &["publish idle", "wait"],
+            "idle",
+        ),
+        // ...but a waiting report arms the periodic flush, and goes with it.
+        row(
+            vec![ReportDue],
+            TickEmpty,
+            &["publish idle", "wait +10000"],
+            "idle",
+        ),
+        row(
+            vec![ReportDue],
+            TickEmptyAfter(10_000),
+            &["flush_at seen"],
+            "sending",
+        ),
+        // The queue has nothing: an empty batch carries the report; a 2xx ends it.
+        row(
+            vec![ReportDue, TickEmptyAfter(10_000), TickEmpty],
+            Empty,
+            &["publish sending", "send 0 #1"],
+            "sending",
+        ),
+        row(
+            vec![ReportDue, TickEmptyAfter(10_000), TickEmpty, Empty],
+            Status(200),
+            &[],
+            "sending",
+        ),
+        row(
+            vec![ReportDue, TickEmptyAfter(10_000), TickEmpty, Empty],
+            Status(400),
+            &["note answered 0"],
+            "sending",
+        ),
+        // An ordinary drain that empties the queue costs no request for the report.
+        row(
+            vec![ReportDue, Flush, Tick, Batch(3), Status(200), Tick],
+            Empty,
+            &["flush_at seen"],
+            "idle",
+        ),
+        // A pause: the drain a flush starts rests until it ends, then sends.
+        row(
+            vec![PauseFor(5_000), Flush],
+            Tick,
+            &["publish idle", "wait +5000"],
+            "sending",
+        ),
+        row(
+            vec![PauseFor(5_000), Flush],
+            TickAfter(5_000),
+            &["next batch <=524224"],
+            "sending",
+        ),
+        // flush_at does not break it either.
+        row(
+            vec![PauseFor(5_000)],
+            TickFlushAt,
+            &["publish idle", "wait +5000"],
+            "idle",
+        ),
+        // Capped: a pause of days lasts retry_after_cap_ms.
+        row(
+            vec![PauseFor(86_400_000)],
+            Tick,
+            &["publish idle", "wait +60000"],
+            "idle",
+        ),
+        // A retry whose time comes during a pause waits for its end.
+        row(
+            then(retry(1), &[PauseFor(30_000), Fire]),
+            Tick,
+            &["publish idle", "wait +29000"],
+            "sending",
+        ),
+    ];
+    assert_eq!(drive(policy(), &rows), 12);
 }

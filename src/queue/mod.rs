@@ -25,6 +25,7 @@
 //! it let go of every lock ([`crate::shared::Shared::deliver_notices`]).
 
 pub(crate) mod buffer;
+mod fleet;
 pub(crate) mod store;
 
 use std::path::Path;

@@ -7,6 +7,7 @@ mod concurrency;
 mod episode;
 mod event_record;
 mod failures;
+mod fleet_loop;
 mod observers;
 mod pipeline;
 mod policy;

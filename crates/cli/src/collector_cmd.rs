@@ -13,15 +13,17 @@ use crate::{CmdResult, Failure, print_json};
 
 pub const HELP: &str = "\
 Speaks eventspool batch v1 on POST (any path; /v1/batch is canonical), stores each event once by
-event_id, and answers GET /stats with {\"distinct\",\"received\",\"requests\"}. The first stdout
-line is {\"addr\",\"url\"} (useful with port 0); one log line per batch goes to stderr.
-Runs until killed.
+event_id, and answers GET /stats with {\"distinct\",\"received\",\"requests\"}. Client reports are
+totalled per install exactly once: GET /fleet answers the fleet totals, and --fleet-every prints
+them on stdout as {\"fleet\":{...}} lines when they change. The first stdout line is
+{\"addr\",\"url\"} (useful with port 0); one log line per batch goes to stderr. Runs until killed.
 
 Examples:
   eventspool collector --listen 127.0.0.1:8080 --db collected.db
   eventspool collector --listen 127.0.0.1:0 --fail-rate 0.3 --retry-after 2
   eventspool collector --listen 127.0.0.1:8080 --status-sequence 503,503,200 --reject-name poison
-  eventspool collector --listen 127.0.0.1:8080 --outage-secs 30";
+  eventspool collector --listen 127.0.0.1:8080 --outage-secs 30
+  eventspool collector --listen 127.0.0.1:8080 --fleet-every 5 --directives '{\"id\":\"fix-1\",\"redrive\":[\"bad_request\"]}'";
 
 #[derive(Args)]
 pub struct CollectorArgs {
@@ -61,6 +63,20 @@ pub struct CollectorArgs {
     /// Answer 401 unless the request carries `Authorization: Bearer KEY`.
     #[arg(long, value_name = "KEY")]
     require_api_key: Option<String>,
+    /// Answer 400 to any batch containing an event with this property (a collector bug).
+    #[arg(long, value_name = "KEY")]
+    reject_property: Option<String>,
+    /// Send this JSON object as `directives` in every 2xx (docs/protocol.md §Directives).
+    #[arg(long, value_name = "JSON")]
+    directives: Option<String>,
+    /// Ask devices to send a waiting client report alone with their periodic flush when they
+    /// have no event to send (totals catch up without new events; one request per flush
+    /// interval at most).
+    #[arg(long)]
+    lone_reports: bool,
+    /// Print the fleet's client report totals every SECS seconds when they changed.
+    #[arg(long, value_name = "SECS")]
+    fleet_every: Option<f64>,
 }
 
 pub fn run(args: CollectorArgs) -> CmdResult {
@@ -72,6 +88,26 @@ pub fn run(args: CollectorArgs) -> CmdResult {
     }
     let outage = match args.outage_secs {
         Some(value) => Some(crate::secs("--outage-secs", value)?),
+        None => None,
+    };
+    let directives = match &args.directives {
+        Some(text) => match serde_json::from_str::<serde_json::Value>(text) {
+            Ok(v) if v.is_object() => Some(v),
+            _ => {
+                return Err(Failure::bad_input(format!(
+                    "--directives {text}: must be a JSON object"
+                )));
+            }
+        },
+        None => None,
+    };
+    let fleet_every = match args.fleet_every {
+        Some(value) if value > 0.0 => Some(crate::secs("--fleet-every", value)?),
+        Some(value) => {
+            return Err(Failure::bad_input(format!(
+                "--fleet-every {value}: must be more than 0"
+            )));
+        }
         None => None,
     };
     tracing_subscriber::fmt()
@@ -88,6 +124,9 @@ pub fn run(args: CollectorArgs) -> CmdResult {
         retry_after: args.retry_after,
         delay: args.delay_ms.map(Duration::from_millis),
         required_api_key: args.require_api_key,
+        reject_property: args.reject_property,
+        lone_reports: args.lone_reports,
+        directives,
         ..Behavior::default()
     };
     let collector = ReferenceCollector::start(CollectorConfig {
@@ -122,7 +161,18 @@ pub fn run(args: CollectorArgs) -> CmdResult {
         print_json(&json!({ "addr": collector.addr().to_string(), "url": collector.url() }));
         eprintln!("listening on {}", collector.url());
     }
+    let Some(every) = fleet_every else {
+        loop {
+            std::thread::park();
+        }
+    };
+    let mut shown = eventspool_collector::FleetTotals::default();
     loop {
-        std::thread::park();
+        std::thread::sleep(every);
+        let totals = collector.fleet_totals();
+        if totals != shown {
+            print_json(&json!({ "fleet": totals.to_json() }));
+            shown = totals;
+        }
     }
 }

@@ -477,6 +477,7 @@ fn story(args: &DemoArgs, pace: &Pace, screen: &mut Screen) -> CmdResult {
         s.pending,
         if in_order { "yes" } else { "NO" }
     ));
+    let ok = ok && fleet_loop(&collector, &spool, &poison_id, screen)?;
     spool.shutdown(Duration::from_secs(5))?;
     if ok {
         screen.say("Every good event arrived exactly once; nothing was lost.");
@@ -487,6 +488,52 @@ fn story(args: &DemoArgs, pace: &Pace, screen: &mut Screen) -> CmdResult {
         ));
         Ok(EXIT_ERROR)
     }
+}
+
+/// The fleet loop in a few lines: the next request carries the device's client report, the
+/// collector (its poison "bug" fixed) answers with a `redrive` directive, and the quarantined
+/// event comes back and is delivered with its original id. Returns whether it all happened.
+fn fleet_loop(
+    collector: &ReferenceCollector,
+    spool: &EventSpool,
+    poison_id: &str,
+    screen: &mut Screen,
+) -> Result<bool, Failure> {
+    screen.say("");
+    screen.say("6. The fleet loop: the collector fixes its bug and asks the device to redrive.");
+    collector.set_behavior(Behavior {
+        directives: Some(serde_json::json!({"id": "demo-fix", "redrive": ["bad_request"]})),
+        ..Behavior::default()
+    });
+    spool.track("app_open", serde_json::json!({}))?;
+    spool.flush();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !(collector.contains(poison_id) && spool.stats().pending == 0) {
+        if Instant::now() > deadline {
+            screen.say("   The redrive did not arrive in time.");
+            return Ok(false);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let install = spool.install_id();
+    let report = collector.fleet_install(&install).unwrap_or_default();
+    let shown: Vec<String> = report.iter().map(|(k, v)| format!("{k} {v}")).collect();
+    screen.say(&format!(
+        "   reports from install {}…: {}",
+        &install[..8],
+        shown.join(", ")
+    ));
+    let s = spool.stats();
+    screen.say(&format!(
+        "   directive redrive [\"bad_request\"] arrived: {} redriven, {} delivered with its \
+         original id {poison_id}; quarantine now {}.",
+        s.redriven,
+        s.redriven,
+        s.quarantine.values().sum::<u64>()
+    ));
+    Ok(report.get("quarantined.bad_request") == Some(&1)
+        && s.redriven == 1
+        && s.quarantine.values().sum::<u64>() == 0)
 }
 
 /// A moment to read the screen; a key pressed meanwhile ends it and is handed back, so an

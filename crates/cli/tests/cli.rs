@@ -64,13 +64,18 @@ impl Collector {
 
     /// `GET /stats`, or `None` while the collector refuses connections.
     fn try_stats(&self) -> Option<Value> {
+        self.get("/stats")
+    }
+
+    /// `GET path` as JSON, or `None` while the collector refuses connections.
+    fn get(&self, path: &str) -> Option<Value> {
         let mut stream = TcpStream::connect(&self.addr).ok()?;
         stream
             .set_read_timeout(Some(Duration::from_secs(10)))
             .ok()?;
         write!(
             stream,
-            "GET /stats HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+            "GET {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
             self.addr
         )
         .ok()?;
@@ -223,6 +228,39 @@ fn send_of_5000_events_delivers_each_once() {
     assert_eq!(summary["pending"], 0);
     assert_eq!(summary["state"], "idle");
     assert_eq!(collector.stats()["distinct"], 5000);
+}
+
+/// The collector process totals the client reports `send` carries and shows them at
+/// `GET /fleet`; a `--directives` that is not a JSON object is refused naming the flag.
+#[test]
+fn the_collector_shows_fleet_totals_from_client_reports() {
+    let dir = tempfile::tempdir().unwrap();
+    let collector = Collector::start(&["--fleet-every", "0.2"]);
+    let input = write_input(dir.path(), &events(30, |i| format!("ev_{i}")));
+    let db = dir.path().join("s.db");
+    let out = run(&[
+        "send",
+        "--endpoint",
+        &collector.url,
+        "--db",
+        s(&db),
+        "--input",
+        s(&input),
+    ]);
+    assert_eq!(out.code, 0, "stderr: {}", out.stderr);
+    let fleet = collector.get("/fleet").expect("GET /fleet");
+    assert_eq!(fleet["installs"], 1, "{fleet}");
+    assert_eq!(fleet["counts"]["tracked"], 30, "{fleet}");
+    assert_eq!(fleet["duplicates"], 0, "{fleet}");
+    let bad = run(&[
+        "collector",
+        "--listen",
+        "127.0.0.1:0",
+        "--directives",
+        "[1]",
+    ]);
+    assert_eq!(bad.code, 2, "stderr: {}", bad.stderr);
+    assert!(bad.stderr.contains("--directives"), "{}", bad.stderr);
 }
 
 #[test]
@@ -501,6 +539,13 @@ fn demo_script_plays_the_story_and_checks_the_end_state() {
         out.stdout
     );
     assert!(out.stdout.contains("199 delivered"), "{}", out.stdout);
+    // The fleet loop: the report leaves with the quarantine in it, the redrive comes back.
+    assert!(
+        out.stdout.contains("quarantined.bad_request 1"),
+        "{}",
+        out.stdout
+    );
+    assert!(out.stdout.contains("1 redriven"), "{}", out.stdout);
 }
 
 #[test]

@@ -91,6 +91,8 @@ impl Reply {
 struct Pending {
     shared: Arc<Shared>,
     record: Option<RequestRecord>,
+    /// The client reports the body carried, totalled once the batch is stored.
+    reports: Vec<serde_json::Value>,
 }
 
 impl Pending {
@@ -168,11 +170,17 @@ pub(super) async fn handle(
         }
         return Ok(Reply::json(200, stats).into_response(None));
     }
+    // The fleet's client report totals (docs/protocol.md §Client reports).
+    if req.method() == Method::GET && req.uri().path() == "/fleet" {
+        let totals = shared.fleet_totals().to_json();
+        return Ok(Reply::json(200, totals).into_response(None));
+    }
     let at = Instant::now();
     let index = shared.next_index();
     let mut pending = Pending {
         shared: Arc::clone(&shared),
         record: Some(new_record(index, at, req.headers())),
+        reports: Vec::new(),
     };
     if req.method() != Method::POST {
         let mut reply = Reply::error(405, "only POST is accepted");
@@ -290,6 +298,7 @@ async fn read_body(pending: &mut Pending, headers: &HeaderMap, body: Incoming) -
     record.event_ids = summary.event_ids;
     record.timestamps = summary.timestamps;
     record.names = summary.names;
+    pending.reports = summary.reports;
     match parsed {
         Ok(events) => Body::Batch(events),
         Err(m) => Body::Invalid(m),
@@ -398,6 +407,11 @@ async fn verdict(
     {
         return fail(400, "poison", "poison event");
     }
+    if let Some(property) = &b.reject_property
+        && events.iter().any(|e| e.properties.get(property).is_some())
+    {
+        return fail(400, "poison", "poison property");
+    }
     let (rejected, kept): (Vec<&WireEvent>, Vec<&WireEvent>) = events
         .iter()
         .partition(|e| b.partial_reject_name.as_ref() == Some(&e.name));
@@ -427,15 +441,26 @@ async fn verdict(
             return fail(500, "storage error", "storage failed");
         }
     };
+    // The batch is stored: its reports count (once each), and the answer says which it read
+    // and carries the directives in force.
+    let mut body = json!({ "accepted": new, "duplicates": dup });
+    if !pending.reports.is_empty() {
+        body["reports_seen"] = json!(shared.add_reports(&pending.reports));
+        if b.lone_reports {
+            body["reports_alone"] = json!(true);
+        }
+    }
+    if let Some(directives) = &b.directives {
+        body["directives"] = directives.clone();
+    }
     if rejected.is_empty() {
-        let body = json!({ "accepted": new, "duplicates": dup });
         (200, "stored".into(), Reply::json(200, body))
     } else {
         let rejected: Vec<_> = rejected
             .iter()
             .map(|(id, reason)| json!({ "event_id": id, "reason": reason }))
             .collect();
-        let body = json!({ "accepted": new, "duplicates": dup, "rejected": rejected });
+        body["rejected"] = json!(rejected);
         (200, "partial".into(), Reply::json(200, body))
     }
 }
@@ -445,7 +470,9 @@ async fn store_then_drop(shared: &Shared, pending: &mut Pending, body: &Body) {
     if let Body::Batch(events) = body {
         let all: Vec<&WireEvent> = events.iter().collect();
         match store(shared, &all, pending.index()).await {
-            Ok(_) => {}
+            Ok(_) => {
+                shared.add_reports(&pending.reports);
+            }
             Err(Stored::Unavailable(u)) => {
                 tracing::warn!(target: LOG_TARGET, error = %u.message, "publishing a dropped batch failed")
             }

@@ -16,6 +16,7 @@
 //! This module deliberately depends on no other eventspool module: it parses the wire JSON
 //! itself, so a bug in the SDK's encoder cannot be masked by sharing the decoder.
 
+mod fleet;
 mod handler;
 #[cfg(feature = "jetstream")]
 mod jetstream;
@@ -26,6 +27,7 @@ mod sink;
 mod state;
 mod wire;
 
+pub use fleet::{Counts, FleetBook, FleetTotals};
 #[cfg(feature = "jetstream")]
 pub use jetstream::JetStreamConfig;
 
@@ -118,6 +120,18 @@ pub struct Behavior {
     /// without an answer (as [`Scripted::StoreThenDrop`]), drawn from the same seeded rng as
     /// `fail_rate`: soak tests use it for "the network died after the collector read it".
     pub drop_rate: f64,
+    /// Any batch containing an event with this property (a key of `properties`) is answered
+    /// 400 like `reject_name`: a collector bug that refuses good events, which the SDK
+    /// quarantines as `bad_request` until a directive redrives them.
+    pub reject_property: Option<String>,
+    /// Says `"reports_alone": true` in 2xx answers to requests that carry client reports: the
+    /// SDK then sends a waiting report alone with its periodic flush when it has no event to
+    /// send (one request per flush interval at most, and only after a change), so the totals
+    /// catch up without new events.
+    pub lone_reports: bool,
+    /// Sent as `directives` in every 2xx answer (docs/protocol.md §Directives), as is: a test
+    /// or an operator steers the fleet with it, and can send malformed ones on purpose.
+    pub directives: Option<serde_json::Value>,
     /// Any batch containing an event with this name is neither stored nor answered: the
     /// connection is closed as soon as the body is read. A collector that crashes (or times out)
     /// on one event every time, an effect-unknown failure that only `max_event_sends` ends.
@@ -307,6 +321,16 @@ impl ReferenceCollector {
     }
 
     /// Distinct `event_id`s stored (including ones found in an existing database file).
+    /// The client reports received so far, each counted once per install.
+    pub fn fleet_totals(&self) -> FleetTotals {
+        self.shared.fleet_totals()
+    }
+
+    /// One install's report totals.
+    pub fn fleet_install(&self, install_id: &str) -> Option<Counts> {
+        self.shared.fleet_install(install_id)
+    }
+
     pub fn distinct_count(&self) -> u64 {
         self.shared.distinct_count()
     }

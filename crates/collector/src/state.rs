@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, OptionalExtension, params};
 
+use super::fleet::{Counts, FleetBook, FleetTotals};
 use super::sink::Sink;
 use super::wire::WireEvent;
 use super::{Behavior, RequestRecord, Scripted, StoredEvent};
@@ -140,6 +141,7 @@ struct State {
     records: VecDeque<RequestRecord>,
     record_limit: usize,
     recorded: usize,
+    fleet: FleetBook,
 }
 
 pub(super) struct Shared {
@@ -164,6 +166,7 @@ impl Shared {
                 records: VecDeque::new(),
                 record_limit,
                 recorded: 0,
+                fleet: FleetBook::default(),
             }),
             changed: Condvar::new(),
             sink: None,
@@ -190,6 +193,20 @@ impl Shared {
     /// server down with it, so poisoning is ignored.
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Totals the client reports a stored batch carried; returns the ids read.
+    pub(super) fn add_reports(&self, reports: &[serde_json::Value]) -> Vec<u64> {
+        let mut s = self.lock();
+        reports.iter().filter_map(|r| s.fleet.add(r)).collect()
+    }
+
+    pub(super) fn fleet_totals(&self) -> FleetTotals {
+        self.lock().fleet.totals()
+    }
+
+    pub(super) fn fleet_install(&self, install_id: &str) -> Option<Counts> {
+        self.lock().fleet.install(install_id)
     }
 
     pub(super) fn next_index(&self) -> usize {

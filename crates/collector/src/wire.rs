@@ -78,6 +78,9 @@ pub(super) struct Summary {
     pub event_ids: Vec<String>,
     pub timestamps: Vec<String>,
     pub names: Vec<String>,
+    /// The client reports the body carried (docs/protocol.md §Client reports), as they came:
+    /// [`crate::FleetBook`] reads them, and ignores (counts) what it cannot.
+    pub reports: Vec<Value>,
 }
 
 /// Parses a decoded body. The summary is best effort; the result says whether the body is a
@@ -100,6 +103,9 @@ fn summarize(value: &Value) -> Summary {
             .map(str::to_owned),
         ..Summary::default()
     };
+    if let Some(reports) = value.get("reports").and_then(Value::as_array) {
+        s.reports = reports.clone();
+    }
     if let Some(events) = value.get("batch").and_then(Value::as_array) {
         for event in events {
             s.event_ids.push(text(event.get("event_id")));

@@ -7,6 +7,7 @@
 //! evicts what the collector may be acknowledging; a crash leaves them in the table, so they are
 //! sent again after restart with the same `event_id`s.
 
+mod fleet_sql;
 mod quarantine_sql;
 pub mod schema;
 

@@ -7,7 +7,7 @@
 use rusqlite::{Connection, OptionalExtension};
 
 /// The version this build writes.
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// Stands, in a step, for the wall clock at the upgrade (ms since the epoch, UTC): [`migrate`]
 /// writes it in as an integer literal before the step runs.
@@ -56,6 +56,17 @@ const MIGRATIONS: &[&str] = &[
     -- Kept so a redriven event still tells the collector it was sent before; reason gains
     -- max_sends (no answer after max_event_sends requests).
     ALTER TABLE quarantine ADD COLUMN sends INTEGER NOT NULL DEFAULT 0;",
+    // 2 → 3: the fleet loop (src/fleet). The install id, the directives in force and the ledger
+    // baseline are small named values; a client report waits in `reports` until a 2xx covers it,
+    // so it survives restarts and is resent with the same id.
+    "CREATE TABLE fleet (
+        name  TEXT PRIMARY KEY,            -- install_id | directives | applied | ...
+        value TEXT NOT NULL
+    );
+    CREATE TABLE reports (
+        id   INTEGER PRIMARY KEY,          -- the report's id, per install, increasing
+        body TEXT NOT NULL                 -- its wire JSON, exactly as it is resent
+    );",
 ];
 
 /// Why an existing file cannot be used as a store.
@@ -164,6 +175,51 @@ mod tests {
         .unwrap();
         conn.execute("INSERT INTO counters VALUES ('dropped.disk_cap', 3)", [])
             .unwrap();
+    }
+
+    /// A file as version 2 wrote it, with one queued event: the upgrade adds the fleet tables
+    /// and leaves the queue as it was.
+    #[test]
+    fn a_version_2_store_is_upgraded_in_place_and_gains_the_fleet_tables() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v2.db");
+        {
+            let conn = Connection::open(&path).unwrap();
+            conn.execute_batch(MIGRATIONS[0]).unwrap();
+            conn.execute_batch(&MIGRATIONS[1].replace(UPGRADE_MS, "5"))
+                .unwrap();
+            conn.pragma_update(None, "user_version", 2).unwrap();
+            conn.execute(
+                "INSERT INTO events (seq, ts, event_id, body, accepted, sends, unanswered)
+                 VALUES (9, 1000, 'id-1', '{}', 77, 2, 1)",
+                [],
+            )
+            .unwrap();
+        }
+        let mut conn = Connection::open(&path).unwrap();
+        let version = inspect(&conn).unwrap().unwrap();
+        assert_eq!(version, 2);
+        migrate(&mut conn, version, 1_764_417_600_000).unwrap();
+        let v: i64 = conn
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .unwrap();
+        assert_eq!(v, SCHEMA_VERSION);
+        let row: (i64, i64, i64, i64) = conn
+            .query_row(
+                "SELECT seq, accepted, sends, unanswered FROM events",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+            )
+            .unwrap();
+        assert_eq!(row, (9, 77, 2, 1), "the queued event is untouched");
+        conn.execute("INSERT INTO fleet VALUES ('install_id', 'x')", [])
+            .unwrap();
+        conn.execute("INSERT INTO reports VALUES (1, '{}')", [])
+            .unwrap();
+        let n: i64 = conn
+            .query_row("SELECT count(*) FROM reports", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(n, 1);
     }
 
     #[test]

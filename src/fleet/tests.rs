@@ -1,0 +1,204 @@
+//! Reports against the reference collector's totals, through a hostile transit: the real
+//! [`Fleet`] cuts, carries and forgets reports; the real `FleetBook` totals them; in between,
+//! requests and answers are lost, repeated and reordered at random.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use eventspool_collector::FleetBook;
+use proptest::prelude::*;
+use serde_json::Value;
+
+use super::*;
+use crate::config::Durability;
+use crate::queue::QueueParams;
+use crate::shared::Ledger;
+
+fn queue() -> Queue {
+    let params = QueueParams {
+        memory_capacity: 100,
+        durability: Durability::Spill,
+        quarantine_max_events: 100,
+        quarantine_retention_ms: 1_000_000,
+    };
+    Queue::in_memory(params, Ledger::default(), Arc::new(Mutex::new(Vec::new())))
+}
+
+/// What happens between two sends.
+#[derive(Clone, Debug)]
+enum Step {
+    /// The ledger moves: events tracked, delivered, quarantined, dropped.
+    Move {
+        tracked: u64,
+        delivered: u64,
+        quarantined: u64,
+        expired: u64,
+    },
+    /// A request leaves. `arrives`: the collector gets it (else it is lost); `copies` extra
+    /// copies reach it later (a proxy retrying); `answered`: the 2xx reaches the device.
+    Send {
+        arrives: bool,
+        copies: u8,
+        answered: bool,
+    },
+    /// A copy held in transit arrives now (reordered after later requests).
+    Late(usize),
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        (0u64..20, 0u64..20, 0u64..3, 0u64..2).prop_map(|(t, d, q, e)| Step::Move {
+            tracked: t,
+            delivered: d,
+            quarantined: q,
+            expired: e,
+        }),
+        (any::<bool>(), 0u8..3, any::<bool>()).prop_map(|(a, c, r)| Step::Send {
+            arrives: a,
+            copies: c,
+            answered: r,
+        }),
+        (0usize..8).prop_map(Step::Late),
+    ]
+}
+
+/// The device's ledger as the test drives it (what `Stats` would say).
+fn stats(t: u64, d: u64, expired: u64) -> Stats {
+    let mut s = Stats {
+        tracked: t,
+        delivered: d,
+        ..Stats::default()
+    };
+    s.dropped.insert("expired".into(), expired);
+    s
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    #[test]
+    fn lost_repeated_and_reordered_reports_still_total_exactly(
+        steps in proptest::collection::vec(step(), 1..60),
+    ) {
+        let q = queue();
+        let fleet = Fleet::load(&q, true, 60_000, 0);
+        let mut book = FleetBook::default();
+        let (mut t, mut d, mut quarantined, mut expired) = (0, 0, 0, 0);
+        let mut in_transit: Vec<Value> = Vec::new();
+        let deliver = |book: &mut FleetBook, body: &str| -> Result<(), TestCaseError> {
+            let reports: Vec<Value> = serde_json::from_str(body).unwrap();
+            for r in &reports {
+                prop_assert!(book.add(r).is_some(), "a report the collector cannot read: {}", r);
+            }
+            Ok(())
+        };
+        for s in steps {
+            match s {
+                Step::Move { tracked, delivered, quarantined: qn, expired: e } => {
+                    t += tracked;
+                    d += delivered;
+                    expired += e;
+                    quarantined += qn;
+                    fleet.count_quarantined("bad_request", qn);
+                }
+                Step::Send { arrives, copies, answered } => {
+                    fleet.cut(&q, &stats(t, d, expired));
+                    let (ids, body) = fleet.for_request(u64::MAX);
+                    let Some(body) = body else { continue };
+                    if arrives {
+                        deliver(&mut book, &body)?;
+                        for _ in 0..copies {
+                            in_transit.extend(serde_json::from_str::<Vec<Value>>(&body).unwrap());
+                        }
+                        if answered {
+                            fleet.answered(&q, &ids, br#"{"reports_seen":[]}"#, 0);
+                        }
+                    }
+                }
+                Step::Late(i) => {
+                    if !in_transit.is_empty() {
+                        let r = in_transit.remove(i % in_transit.len());
+                        prop_assert!(book.add(&r).is_some());
+                    }
+                }
+            }
+        }
+        // The network heals: requests go and are answered until nothing waits.
+        for _ in 0..=MAX_WAITING_REPORTS + 1 {
+            fleet.cut(&q, &stats(t, d, expired));
+            let (ids, body) = fleet.for_request(u64::MAX);
+            let Some(body) = body else { break };
+            deliver(&mut book, &body)?;
+            fleet.answered(&q, &ids, b"{}", 0);
+        }
+        for r in in_transit {
+            book.add(&r);
+        }
+        prop_assert!(fleet.for_request(u64::MAX).1.is_none(), "reports still waiting");
+        let totals = book.totals();
+        let mut want = BTreeMap::new();
+        for (name, n) in [
+            ("tracked", t),
+            ("delivered", d),
+            ("quarantined.bad_request", quarantined),
+            ("dropped.expired", expired),
+        ] {
+            if n > 0 {
+                want.insert(name.to_string(), n);
+            }
+        }
+        prop_assert_eq!(totals.counts, want);
+        prop_assert_eq!(totals.malformed, 0);
+    }
+}
+
+/// Reports and the install id outlive the handle: a reopened store resends the reports no 2xx
+/// covered, with their ids, and continues the numbering.
+#[test]
+fn reports_and_the_install_id_survive_a_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.db");
+    let params = QueueParams {
+        memory_capacity: 100,
+        durability: Durability::Spill,
+        quarantine_max_events: 100,
+        quarantine_retention_ms: 1_000_000,
+    };
+    let open = || {
+        crate::queue::Queue::open(
+            &path,
+            1 << 20,
+            0,
+            params.clone(),
+            Ledger::default(),
+            Arc::new(Mutex::new(Vec::new())),
+        )
+        .unwrap()
+        .queue
+    };
+    let (install, first) = {
+        let q = open();
+        let fleet = Fleet::load(&q, true, 60_000, 0);
+        fleet.cut(&q, &stats(5, 0, 0));
+        fleet.cut(&q, &stats(7, 2, 0));
+        let (ids, body) = fleet.for_request(u64::MAX);
+        assert_eq!(ids, vec![1, 2]);
+        fleet.answered(&q, &[1], b"{}", 0);
+        q.release_ownership();
+        (fleet.install_id().to_string(), body.unwrap())
+    };
+    let q = open();
+    let fleet = Fleet::load(&q, true, 60_000, 0);
+    assert_eq!(fleet.install_id(), install);
+    let (ids, body) = fleet.for_request(u64::MAX);
+    assert_eq!(ids, vec![2], "the uncovered report waits, with its id");
+    let first: Vec<Value> = serde_json::from_str(&first).unwrap();
+    let again: Vec<Value> = serde_json::from_str(&body.unwrap()).unwrap();
+    assert_eq!(again[0], first[1], "byte for byte the same report");
+    fleet.cut(&q, &stats(1, 0, 0));
+    assert_eq!(
+        fleet.for_request(u64::MAX).0,
+        vec![2, 3],
+        "numbering goes on"
+    );
+}

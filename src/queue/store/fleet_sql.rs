@@ -1,0 +1,67 @@
+//! The store's part of the fleet loop (src/fleet): small named values (the install id, the
+//! directives in force) and the client reports that wait for a 2xx. The tables are in
+//! [`super::schema`].
+
+use rusqlite::{OptionalExtension, params};
+
+use super::Store;
+use crate::error::Result;
+
+impl Store {
+    /// A named value of the `fleet` table.
+    pub fn fleet_get(&self, name: &str) -> Result<Option<String>> {
+        Ok(self
+            .conn()
+            .query_row("SELECT value FROM fleet WHERE name = ?1", [name], |r| {
+                r.get(0)
+            })
+            .optional()?)
+    }
+
+    pub fn fleet_put(&self, name: &str, value: &str) -> Result<()> {
+        self.conn().execute(
+            "INSERT INTO fleet (name, value) VALUES (?1, ?2)
+             ON CONFLICT(name) DO UPDATE SET value = ?2",
+            params![name, value],
+        )?;
+        Ok(())
+    }
+
+    /// The reports no 2xx has covered yet, oldest first.
+    pub fn reports(&self) -> Result<Vec<(u64, String)>> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare("SELECT id, body FROM reports ORDER BY id")?;
+        let rows = stmt
+            .query_map([], |r| Ok((r.get::<_, i64>(0)? as u64, r.get(1)?)))?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok(rows)
+    }
+
+    /// Keeps a report until a 2xx covers it, and the next id, in one transaction: an id is never
+    /// given to two reports, even across a crash.
+    pub fn report_add(&self, id: u64, body: &str) -> Result<()> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        tx.execute(
+            "INSERT OR REPLACE INTO reports (id, body) VALUES (?1, ?2)",
+            params![id as i64, body],
+        )?;
+        tx.execute(
+            "INSERT INTO fleet (name, value) VALUES ('next_report', ?1)
+             ON CONFLICT(name) DO UPDATE SET value = ?1",
+            [(id + 1).to_string()],
+        )?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Forgets reports a 2xx covered.
+    pub fn reports_delete(&self, ids: &[u64]) -> Result<()> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare_cached("DELETE FROM reports WHERE id = ?1")?;
+        for id in ids {
+            stmt.execute([*id as i64])?;
+        }
+        Ok(())
+    }
+}

@@ -39,6 +39,7 @@ pub async fn run(shared: Arc<Shared>) {
     );
     let mut worker = Worker { machine, s: shared };
     worker.recover_leases();
+    worker.s.reask_drains();
     worker.run().await;
 }
 
@@ -128,6 +129,10 @@ impl Worker {
                 }
                 Action::Release(events) => {
                     self.s.queue.release(&events);
+                    None
+                }
+                Action::DrainDone { id, outcome } => {
+                    self.s.finish_drain(id, outcome);
                     None
                 }
             };

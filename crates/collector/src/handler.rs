@@ -168,6 +168,8 @@ pub(super) async fn handle(
         }
         return Ok(Reply::json(200, stats).into_response(None));
     }
+    // Held until the answer is built (or the connection drops): the request is in flight.
+    let _in_flight = shared.enter();
     let at = Instant::now();
     let index = shared.next_index();
     let mut pending = Pending {

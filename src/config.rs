@@ -108,6 +108,15 @@ macro_rules! config_table {
                 /// Take directives from the collector's answers (docs/protocol.md §Directives);
                 /// `false` ignores them (counted in `directives_ignored`). Reports go either way.
                 directives: bool = true, ffi bool, plain;
+                // Delivery conditions (`set_conditions`): which of them hold delivery back, as
+                // `Deferred{reason}`. Metered networks are allowed by default (a few KB per batch);
+                // power saving and a low battery defer, as the platforms ask of background work.
+                /// Deliver on a metered network; `false` defers as `Deferred{metered}`.
+                deliver_on_metered: bool = true, ffi bool, plain;
+                /// Deliver while the device saves power; `false` defers as `Deferred{low_power}`.
+                deliver_on_low_power: bool = false, ffi bool, plain;
+                /// Deliver on a low battery; `false` defers as `Deferred{battery_low}`.
+                deliver_on_battery_low: bool = false, ffi bool, plain;
             }
         }
     };
@@ -449,7 +458,11 @@ mod tests {
                 "db_path" => "/tmp/x.db",
                 "compression" => "none",
                 "durability" => "always",
-                "allow_insecure_http" | "directives" => "true",
+                "allow_insecure_http"
+                | "directives"
+                | "deliver_on_metered"
+                | "deliver_on_low_power"
+                | "deliver_on_battery_low" => "true",
                 _ => "7",
             };
             c.set(name, value).unwrap_or_else(|e| panic!("{name}: {e}"));

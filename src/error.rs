@@ -63,6 +63,10 @@ pub enum Error {
     },
     #[error("not found: {0}")]
     NotFound(String),
+    /// A blocking call made on a thread it would wait for: `deliver_within()` from a delivery
+    /// observer, which runs on the worker the drain needs.
+    #[error("called on the wrong thread: {0}")]
+    WrongThread(String),
     /// A `track_batch` call that could not be recorded whole (more events than memory holds
     /// without a store, or a store that refused the part memory could not hold): nothing of
     /// it was recorded.

@@ -55,6 +55,9 @@ pub use quarantine::{ListFilter, QuarantinedEvent, Selector};
 pub use queue::SPILL_BACKLOG_MIN;
 pub use queue::disk_usage;
 pub use spool::{EventSpool, SpoolBuilder};
-pub use state::{DeliveryObserver, DeliveryState, DeliveryStatus, Notice, PauseReason};
+pub use state::{
+    DeferReason, DeliveryConditions, DeliveryObserver, DeliveryState, DeliveryStatus, DrainOutcome,
+    Notice, PauseReason,
+};
 pub use stats::{DropReason, Stats};
 pub use transport::{HttpRequest, HttpResponse, Transport, TransportError, response_bound};

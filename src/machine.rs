@@ -17,6 +17,10 @@
 //! driver answers them with [`Input::Batch`] and [`Input::Answer`], and the machine always asks
 //! last, so the answer's actions follow. A turn whose actions end without [`Action::Wait`] is
 //! followed at once by the next turn.
+//!
+//! Bounded drains (`deliver_within`) are requests in [`Input::Control`]; the machine answers
+//! each with [`Action::DrainDone`] once its outcome is known (docs/delivery.md §Bounded drain),
+//! always before the turn's [`Action::Wait`], and no wait outlasts an open drain's deadline.
 
 use std::collections::VecDeque;
 
@@ -25,9 +29,9 @@ use crate::config::{BATCH_OVERHEAD_BYTES, Config};
 use crate::event::{QueuedEvent, SendNote};
 use crate::quarantine::reason;
 use crate::retry::{AfterFailure, Episode, after_failure, next_delay_ms, probe_delay_ms};
-use crate::shared::Control;
+use crate::shared::{Control, DrainRequest};
 use crate::split::{LoneRefusal, SizeLimit, Split};
-use crate::state::{DeliveryState, PauseReason};
+use crate::state::{DeferReason, DeliveryConditions, DeliveryState, DrainOutcome, PauseReason};
 use crate::transport::{HttpResponse, TransportError};
 
 /// Events of a batch, each with whether it was read from the store (the queue gives it back or
@@ -49,6 +53,9 @@ pub struct Policy {
     pub probe_cap_ms: u64,
     pub max_event_sends: u32,
     pub max_event_age_ms: u64,
+    pub deliver_on_metered: bool,
+    pub deliver_on_low_power: bool,
+    pub deliver_on_battery_low: bool,
 }
 
 impl Policy {
@@ -66,6 +73,24 @@ impl Policy {
             probe_cap_ms: c.probe_cap_ms,
             max_event_sends: c.max_event_sends,
             max_event_age_ms: c.max_event_age_ms,
+            deliver_on_metered: c.deliver_on_metered,
+            deliver_on_low_power: c.deliver_on_low_power,
+            deliver_on_battery_low: c.deliver_on_battery_low,
+        }
+    }
+
+    /// Whether these conditions hold delivery back, and why. When several do, the reason shown
+    /// is the first of metered, low power, battery low: the one an app most often words as
+    /// "waiting for Wi-Fi".
+    pub fn defer_reason(&self, c: &DeliveryConditions) -> Option<DeferReason> {
+        if c.metered && !self.deliver_on_metered {
+            Some(DeferReason::Metered)
+        } else if c.low_power && !self.deliver_on_low_power {
+            Some(DeferReason::LowPower)
+        } else if c.battery_low && !self.deliver_on_battery_low {
+            Some(DeferReason::BatteryLow)
+        } else {
+            None
         }
     }
 }
@@ -185,6 +210,8 @@ pub enum Action {
     DropExpired(Events),
     /// Give them back to the queue, in place.
     Release(Events),
+    /// The bounded drain `id` ended this way: hand it to its caller.
+    DrainDone { id: u64, outcome: DrainOutcome },
     /// Shutdown: the worker ends.
     Stop,
 }
@@ -211,6 +238,10 @@ enum Mode {
     },
     Offline,
     Disabled,
+    /// The device's conditions forbid delivery (see [`Policy::defer_reason`]).
+    Deferred {
+        reason: DeferReason,
+    },
 }
 
 /// A batch being delivered: its events, how many times this batch was sent (the quarantine
@@ -295,6 +326,14 @@ pub struct Machine {
     last_send_unanswered: bool,
     /// The app's last word on connectivity: where the machine rests when nothing is sent.
     online: bool,
+    /// What the device's conditions, by the policy, say now: `Some` holds delivery back.
+    deferred: Option<DeferReason>,
+    /// Bounded drains waiting for their outcome.
+    drains: Vec<DrainRequest>,
+    /// The queue was found empty in this input: the open drains are drained.
+    drained: bool,
+    /// The monotonic time of the last input that carried one.
+    now_ms: u64,
     asked: Option<Asked>,
     /// A client report waits with no event to carry it (see [`Input::Fleet`]).
     report_due: bool,
@@ -310,10 +349,13 @@ impl Machine {
     /// A machine at `now_ms`, starting where the app's settings put it before the worker ran
     /// (`control` is a peek: its edges are still to be fed).
     pub fn new(policy: Policy, jitter: Jitter, now_ms: u64, control: &Control) -> Machine {
+        let deferred = policy.defer_reason(&control.conditions);
         let mode = if !control.enabled {
             Mode::Disabled
         } else if !control.online {
             Mode::Offline
+        } else if let Some(reason) = deferred {
+            Mode::Deferred { reason }
         } else {
             Mode::Idle
         };
@@ -336,6 +378,10 @@ impl Machine {
             isolation: None,
             last_send_unanswered: false,
             online: control.online,
+            deferred,
+            drains: Vec::new(),
+            drained: false,
+            now_ms,
             asked: None,
             report_due: false,
             report_only: false,
@@ -346,6 +392,13 @@ impl Machine {
 
     /// Takes one input; returns what to do, in order.
     pub fn feed(&mut self, input: Input) -> Vec<Action> {
+        match &input {
+            Input::Control { now_ms, .. }
+            | Input::Tick { now_ms, .. }
+            | Input::Answer { now_ms, .. }
+            | Input::Fleet { now_ms, .. } => self.now_ms = self.now_ms.max(*now_ms),
+            Input::Batch { .. } => {}
+        }
         match input {
             Input::Control { verbs, now_ms } => self.control(&verbs, now_ms),
             Input::Tick {
@@ -372,7 +425,74 @@ impl Machine {
                 body_bytes,
             } => self.answer(now_ms, note, outcome, body_bytes),
         }
+        self.settle_drains();
         std::mem::take(&mut self.out)
+    }
+
+    /// Answers the bounded drains whose outcome this input decided, before the turn's wait, and
+    /// keeps any wait within the deadline of those still open (docs/delivery.md §Bounded drain).
+    fn settle_drains(&mut self) {
+        if self.drains.is_empty() {
+            self.drained = false;
+            return;
+        }
+        let now = self.now_ms;
+        let blocked = match &self.mode {
+            Mode::Disabled => Some(DeliveryState::Disabled),
+            Mode::Offline => Some(DeliveryState::Offline),
+            Mode::Paused { reason, failure } => Some(DeliveryState::Paused {
+                reason: *reason,
+                last_error: failure.clone(),
+            }),
+            Mode::Deferred { reason } => Some(DeliveryState::Deferred { reason: *reason }),
+            _ => None,
+        };
+        // The next automatic attempt, when the machine waits for one.
+        let next_attempt = match &self.mode {
+            Mode::RetryWait { deadline_ms, .. } => Some(*deadline_ms),
+            Mode::WaitingForUser { probe_at_ms, .. } => Some(*probe_at_ms),
+            _ => None,
+        };
+        let drained = std::mem::take(&mut self.drained);
+        let mut done = Vec::new();
+        self.drains.retain(|d| {
+            let outcome = if drained {
+                DrainOutcome::Drained
+            } else if let Some(state) = &blocked {
+                DrainOutcome::Blocked {
+                    state: state.clone(),
+                }
+            } else if let Some(at) = next_attempt.filter(|at| *at > d.deadline_ms) {
+                // Nothing happens before the budget ends: no reason to hold the caller.
+                DrainOutcome::RetryAfter {
+                    ms: at.saturating_sub(now),
+                }
+            } else if now >= d.deadline_ms {
+                DrainOutcome::DeadlineReached
+            } else {
+                return true;
+            };
+            done.push(Action::DrainDone { id: d.id, outcome });
+            false
+        });
+        let first_deadline = self.drains.iter().map(|d| d.deadline_ms).min();
+        // Before the wait or the question that ends the turn, so the caller is not held by it.
+        let mut at = self.out.len();
+        for (i, action) in self.out.iter_mut().enumerate() {
+            match action {
+                Action::Wait { until_ms } => {
+                    at = at.min(i);
+                    if let Some(deadline) = first_deadline {
+                        *until_ms = Some(until_ms.map_or(deadline, |t| t.min(deadline)));
+                    }
+                }
+                Action::NextBatch { .. } | Action::ProbeBatch { .. } | Action::Send { .. } => {
+                    at = at.min(i)
+                }
+                _ => {}
+            }
+        }
+        self.out.splice(at..at, done);
     }
 
     /// The batch [`Action::Send`] sends.
@@ -393,6 +513,7 @@ impl Machine {
         match self.mode.clone() {
             Mode::Disabled => self.rest(DeliveryState::Disabled, None),
             Mode::Offline => self.rest(DeliveryState::Offline, None),
+            Mode::Deferred { reason } => self.rest(DeliveryState::Deferred { reason }, None),
             Mode::Paused { reason, failure } => self.rest(
                 DeliveryState::Paused {
                     reason,
@@ -426,10 +547,13 @@ impl Machine {
             Mode::Idle => {
                 let flush_at = !self.suppress_flush_at && flush_at_reached;
                 let periodic = now >= self.next_periodic_ms;
-                let events_due = pending > 0 && (flush_at || periodic);
-                if events_due || (self.report_due && periodic) {
+                // An open drain is an explicit trigger (after a dismiss() too).
+                let drain_open = !self.drains.is_empty();
+                let events_due = pending > 0 && (flush_at || periodic || drain_open);
+                let report_alone = !events_due && self.report_due && periodic;
+                if drain_open || events_due || report_alone {
                     // With no event to carry it, the report goes alone (see `batch`).
-                    self.report_only = !events_due;
+                    self.report_only = report_alone;
                     self.start_drain(now);
                     return;
                 }
@@ -503,12 +627,19 @@ impl Machine {
             return;
         }
         self.online = c.online;
+        for d in &c.drains {
+            if !self.drains.iter().any(|open| open.id == d.id) {
+                self.drains.push(*d);
+            }
+        }
+        let was_deferred = self.deferred;
+        self.deferred = self.policy.defer_reason(&c.conditions);
         if let Some((reason, _)) = &self.pause
             && (c.resume || (c.api_key_changed && *reason == PauseReason::Auth))
         {
             self.pause = None;
             if matches!(self.mode, Mode::Paused { .. }) {
-                self.start_drain(now);
+                self.resume_sending(now);
             }
         }
         if c.enabled_changed {
@@ -528,13 +659,37 @@ impl Machine {
             // A reconnect starts a fresh failure episode: the old budget was spent on a dead link.
             self.fresh_episode();
             if c.online && self.pause.is_none() {
-                self.start_drain(now);
+                self.resume_sending(now);
             } else {
                 self.mode = self.resting_mode();
             }
         }
         if !c.online {
             self.mode = Mode::Offline;
+            return;
+        }
+        match (was_deferred, self.deferred) {
+            (None, Some(_)) => {
+                // As going offline: what was in hand goes back, and the episode ends, so no
+                // budget is spent while the conditions forbid sending.
+                self.release_work();
+                self.fresh_episode();
+                self.mode = self.resting_mode();
+            }
+            (Some(_), None) => {
+                // As a reconnect: a fresh episode, and what is pending goes now.
+                self.fresh_episode();
+                if matches!(self.mode, Mode::Deferred { .. }) {
+                    self.start_drain(now);
+                }
+            }
+            (Some(_), Some(reason)) if matches!(self.mode, Mode::Deferred { .. }) => {
+                self.mode = Mode::Deferred { reason };
+            }
+            _ => {}
+        }
+        if self.deferred.is_some() {
+            // Deferred (or paused behind it): no verb sends until the conditions allow it.
             return;
         }
         if c.foreground_changed
@@ -562,8 +717,16 @@ impl Machine {
                 self.manual_attempt = true;
                 self.mode = Mode::Draining;
             }
-            Mode::Idle if c.retry_now || c.flush => self.start_drain(now),
+            Mode::Idle if c.retry_now || c.flush || !c.drains.is_empty() => self.start_drain(now),
             _ => {}
+        }
+    }
+
+    /// Leaves a pause or goes back online: sends, unless the conditions defer delivery.
+    fn resume_sending(&mut self, now: u64) {
+        match self.deferred {
+            Some(reason) => self.mode = Mode::Deferred { reason },
+            None => self.start_drain(now),
         }
     }
 }
@@ -577,7 +740,8 @@ impl Machine {
         self.probes_failed = 0;
     }
 
-    /// Where the machine rests when nothing is being sent: offline, paused, or idle.
+    /// Where the machine rests when nothing is being sent: offline, paused, deferred, or idle,
+    /// in that precedence (docs/delivery.md §States).
     fn resting_mode(&self) -> Mode {
         if !self.online {
             Mode::Offline
@@ -586,6 +750,8 @@ impl Machine {
                 reason: *reason,
                 failure: failure.clone(),
             }
+        } else if let Some(reason) = self.deferred {
+            Mode::Deferred { reason }
         } else {
             Mode::Idle
         }
@@ -637,6 +803,7 @@ impl Machine {
             }
             (Some(Asked::Drain), None) => {
                 self.mode = Mode::Idle;
+                self.drained = true;
                 self.out.push(Action::FlushAtSeen);
             }
             (

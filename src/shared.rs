@@ -13,7 +13,9 @@ use crate::error::Result;
 use crate::fleet::Fleet;
 use crate::observers::Observers;
 use crate::queue::Queue;
-use crate::state::{DeliveryObserver, DeliveryState, DeliveryStatus, Notice};
+use crate::state::{
+    DeliveryConditions, DeliveryObserver, DeliveryState, DeliveryStatus, DrainOutcome, Notice,
+};
 use crate::stats::Counters;
 use crate::transport::Transport;
 
@@ -39,7 +41,20 @@ pub struct Control {
     /// failure episode, as a reconnect does.
     pub foreground: bool,
     pub foreground_changed: bool,
+    /// What the platform last said about the device (`set_conditions`); the machine compares
+    /// it with the config's policy itself, so a level is enough, no edge.
+    pub conditions: DeliveryConditions,
+    /// Bounded drains asked for since the worker last looked (`deliver_within`).
+    pub drains: Vec<DrainRequest>,
     pub shutdown: bool,
+}
+
+/// One `deliver_within` call: its number (its reply waits under it in [`Shared::drains`]) and
+/// when its budget ends on the spool's monotonic clock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DrainRequest {
+    pub id: u64,
+    pub deadline_ms: u64,
 }
 
 impl Default for Control {
@@ -56,6 +71,8 @@ impl Default for Control {
             api_key_changed: false,
             foreground: true,
             foreground_changed: false,
+            conditions: DeliveryConditions::default(),
+            drains: Vec::new(),
             shutdown: false,
         }
     }
@@ -102,6 +119,16 @@ pub struct Shared {
     /// Notices the queue raised while it held a lock (the spill lock, mostly), and notices
     /// raised inside an observer, waiting for [`Shared::deliver_notices`] outside any lock.
     pub deferred_notices: Arc<Mutex<Vec<Notice>>>,
+    /// The callers of `deliver_within` waiting for their outcome, by request number: the
+    /// worker answers each once; dropping a sender (shutdown) wakes its caller with an error.
+    pub drains: Mutex<Drains>,
+}
+
+/// The bounded drains waiting for an outcome (see [`Shared::drains`]).
+#[derive(Default)]
+pub struct Drains {
+    pub next_id: u64,
+    pub waiting: Vec<(DrainRequest, std::sync::mpsc::Sender<DrainOutcome>)>,
 }
 
 /// The spool's counters, shared by the handle, the worker and the queue. A newtype so that
@@ -148,7 +175,26 @@ impl Shared {
         c.resume = false;
         c.api_key_changed = false;
         c.foreground_changed = false;
+        c.drains.clear();
         snapshot
+    }
+
+    /// Hands a bounded drain its outcome; its caller may have gone (shutdown), then nothing.
+    pub fn finish_drain(&self, id: u64, outcome: DrainOutcome) {
+        let mut drains = lock(&self.drains);
+        if let Some(at) = drains.waiting.iter().position(|(r, _)| r.id == id) {
+            let (_, reply) = drains.waiting.swap_remove(at);
+            let _ = reply.send(outcome);
+        }
+    }
+
+    /// After a restart of the worker (a caught panic) its machine knows no drain: ask again for
+    /// every one still waiting, so no caller waits for an answer that never comes.
+    pub fn reask_drains(&self) {
+        let open: Vec<DrainRequest> = lock(&self.drains).waiting.iter().map(|(r, _)| *r).collect();
+        if !open.is_empty() {
+            self.control(|c| c.drains.extend(open));
+        }
     }
 
     pub fn status(&self) -> DeliveryStatus {

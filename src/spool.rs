@@ -16,8 +16,10 @@ use crate::fleet::{Fleet, Screen};
 use crate::observers::{ObserverHandle, Observers};
 use crate::quarantine::{ListFilter, QuarantinedEvent, Selector};
 use crate::queue::{Queue, QueueParams};
-use crate::shared::{Control, Ledger, Shared, StateCell, lock};
-use crate::state::{DeliveryObserver, DeliveryState, DeliveryStatus, Notice};
+use crate::shared::{Control, DrainRequest, Ledger, Shared, StateCell, lock};
+use crate::state::{
+    DeliveryConditions, DeliveryObserver, DeliveryState, DeliveryStatus, DrainOutcome, Notice,
+};
 use crate::stats::{DropReason, Entry, Stats};
 use crate::transport::Transport;
 #[cfg(feature = "reqwest")]
@@ -205,6 +207,7 @@ impl EventSpool {
             shutdown,
             jitter_seed: b.jitter_seed,
             deferred_notices,
+            drains: Mutex::new(Default::default()),
             config,
         });
         shared.counters.entered(Entry::Restored, restored);
@@ -473,6 +476,65 @@ impl EventSpool {
         });
     }
 
+    /// Tells the spool what the platform knows about the device: a metered network, power
+    /// saving, a low battery. Where the config says not to deliver under one of them
+    /// (`deliver_on_metered`, `deliver_on_low_power`, `deliver_on_battery_low`), the state becomes
+    /// `Deferred{reason}`: no attempt, no retry budget spent. When they allow it again, delivery
+    /// resumes as after a reconnect (a fresh episode, what is pending goes now).
+    pub fn set_conditions(&self, conditions: DeliveryConditions) {
+        self.shared().control(|c| c.conditions = conditions);
+    }
+
+    /// Runs delivery for at most `budget` (on the spool's clock) and says how it ended: for a
+    /// platform's background job (Android `JobService`, iOS `BGTaskScheduler`), which gets a
+    /// time budget and reschedules itself from the answer. Blocks the calling thread; never call
+    /// it on a UI thread. The worker does the sending, as always, so one request at a time is
+    /// in flight however the drain and the app's other triggers overlap; this call only starts
+    /// a drain (as `flush()` does, whatever `flush_at` says) and waits for its outcome:
+    ///
+    /// - [`DrainOutcome::Drained`]: the queue was found empty;
+    /// - [`DrainOutcome::DeadlineReached`]: the budget passed with events pending. A request in
+    ///   flight at that moment is not abandoned: the answer comes after it (within
+    ///   `attempt_timeout_ms`), so leave that much of the platform's budget unclaimed;
+    /// - [`DrainOutcome::RetryAfter`]: the next attempt (a retry, or the slow probe behind
+    ///   `WaitingForUser`) falls after the budget; reschedule the job `ms` from now. A retry due
+    ///   within the budget is waited for;
+    /// - [`DrainOutcome::Blocked`]: `Offline`, `Paused`, `Disabled` or `Deferred`; nothing goes
+    ///   until that changes.
+    ///
+    /// Fails with [`Error::ShutDown`] after (or during) `shutdown()`, and with
+    /// [`Error::WrongThread`] from inside a delivery observer (it runs on the worker the drain
+    /// waits for).
+    pub fn deliver_within(&self, budget: Duration) -> Result<DrainOutcome> {
+        if self.handle.on_worker_thread() {
+            return Err(Error::WrongThread(
+                "deliver_within() from a delivery observer would wait for the thread it runs on"
+                    .into(),
+            ));
+        }
+        let s = self.shared();
+        let (reply, outcome) = std::sync::mpsc::channel();
+        {
+            // Registered under admission, so a shutdown() either refuses it here or finds it in
+            // the registry it empties (which wakes this caller).
+            let _admitted = self.handle.admission.read_recursive();
+            if self.handle.closed.load(Ordering::Relaxed) {
+                return Err(Error::ShutDown);
+            }
+            let budget_ms = u64::try_from(budget.as_millis()).unwrap_or(u64::MAX);
+            let mut drains = lock(&s.drains);
+            drains.next_id += 1;
+            let request = DrainRequest {
+                id: drains.next_id,
+                deadline_ms: s.clock.now_ms().saturating_add(budget_ms),
+            };
+            drains.waiting.push((request, reply));
+            drop(drains);
+            s.control(|c| c.drains.push(request));
+        }
+        outcome.recv().map_err(|_| Error::ShutDown)
+    }
+
     /// Asks for pending events to be sent now (no effect while offline, paused or disabled).
     pub fn flush(&self) {
         self.shared().control(|c| c.flush = true);
@@ -642,6 +704,15 @@ impl EventSpool {
 }
 
 impl Handle {
+    /// Whether this thread is the delivery worker's (an observer called from there).
+    fn on_worker_thread(&self) -> bool {
+        let rt = lock(&self.runtime);
+        match (tokio::runtime::Handle::try_current(), rt.as_ref()) {
+            (Ok(current), Some(rt)) => current.id() == rt.handle().id(),
+            _ => false,
+        }
+    }
+
     pub fn shutdown(&self, timeout: Duration) -> Result<()> {
         let h = self;
         if h.closed.swap(true, Ordering::SeqCst) {
@@ -654,13 +725,7 @@ impl Handle {
         // The worker stops at its next step: an attempt in flight gets its answer first (within
         // `timeout`), so a batch the collector accepted is not left queued to be sent again.
         s.control(|c| c.shutdown = true);
-        let on_worker_thread = {
-            let rt = lock(&h.runtime);
-            match (tokio::runtime::Handle::try_current(), rt.as_ref()) {
-                (Ok(current), Some(rt)) => current.id() == rt.handle().id(),
-                _ => false,
-            }
-        };
+        let on_worker_thread = h.on_worker_thread();
         let mut worker_stopped = false;
         if on_worker_thread {
             // Called from an observer: the worker cannot be waited for from its own thread.
@@ -677,6 +742,8 @@ impl Handle {
         } else {
             s.shutdown.send_replace(true);
         }
+        // Callers of deliver_within still waiting get `ShutDown`: their senders go.
+        lock(&s.drains).waiting.clear();
         let result = s.persist().map(|_| ());
         // What changed since the last client report is kept as one more, sent after a restart.
         s.fleet.cut(&s.queue, &s.full_stats());

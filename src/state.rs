@@ -11,6 +11,7 @@
 //!                  Sending                                           Sending / Idle
 //!                                    WaitingForUser ──slow probe ok / foreground / reconnect──▶ Sending
 //! Offline (set_online(false)): no attempts at all.  Paused{auth|config}: until resume()/new key.
+//! Deferred{metered|low_power|battery_low} (set_conditions): no attempts until they allow it.
 //! ```
 
 use crate::classify::Failure;
@@ -31,6 +32,66 @@ impl PauseReason {
             PauseReason::Config => "config",
         }
     }
+}
+
+/// Why delivery waits for better conditions (`DeliveryState::Deferred`). Exhaustive, like
+/// [`DeliveryState`]: a UI words each one differently ("waiting for Wi-Fi").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeferReason {
+    /// The network is metered and `deliver_on_metered` is false.
+    Metered,
+    /// The device saves power and `deliver_on_low_power` is false.
+    LowPower,
+    /// The battery is low and `deliver_on_battery_low` is false.
+    BatteryLow,
+}
+
+impl DeferReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeferReason::Metered => "metered",
+            DeferReason::LowPower => "low_power",
+            DeferReason::BatteryLow => "battery_low",
+        }
+    }
+
+    /// The words of the status line.
+    fn describe(self) -> &'static str {
+        match self {
+            DeferReason::Metered => "metered network",
+            DeferReason::LowPower => "power saving",
+            DeferReason::BatteryLow => "battery low",
+        }
+    }
+}
+
+/// What the platform knows about the device, fed with [`crate::EventSpool::set_conditions`]
+/// (Android: `NET_CAPABILITY_NOT_METERED`, `PowerManager.isPowerSaveMode`,
+/// `BatteryManager`). Whether each one holds delivery back is the config's
+/// (`deliver_on_metered`, `deliver_on_low_power`, `deliver_on_battery_low`). Default: none holds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DeliveryConditions {
+    pub metered: bool,
+    pub low_power: bool,
+    pub battery_low: bool,
+}
+
+/// How [`crate::EventSpool::deliver_within`] ended (docs/delivery.md §Bounded drain). Exhaustive:
+/// a platform job decides what to do next from it, and must handle each case.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DrainOutcome {
+    /// The queue was found empty: everything tracked before (and during) the drain is delivered,
+    /// quarantined or dropped.
+    Drained,
+    /// The budget passed with events still pending and delivery still possible.
+    DeadlineReached,
+    /// The next attempt (a scheduled retry, or the slow probe behind `WaitingForUser`) is due
+    /// `ms` from now, after the budget: reschedule the platform job then.
+    RetryAfter { ms: u64 },
+    /// Nothing will be sent until the app, the user or the device changes something: `Offline`,
+    /// `Paused`, `Disabled` or `Deferred`. Reschedule on that change (network back, conditions
+    /// allowing, new key), not on a timer.
+    Blocked { state: DeliveryState },
 }
 
 /// Not `#[non_exhaustive]`, on purpose: the states are the contract a UI renders
@@ -68,6 +129,11 @@ pub enum DeliveryState {
     },
     /// `set_enabled(false)`: the user opted out.
     Disabled,
+    /// The device's conditions (metered network, power saving, low battery) forbid delivery by
+    /// the config's policy: no attempt, no retry budget spent, until they allow it again.
+    Deferred {
+        reason: DeferReason,
+    },
 }
 
 impl DeliveryState {
@@ -81,6 +147,7 @@ impl DeliveryState {
             DeliveryState::Offline => "offline",
             DeliveryState::Paused { .. } => "paused",
             DeliveryState::Disabled => "disabled",
+            DeliveryState::Deferred { .. } => "deferred",
         }
     }
 }
@@ -94,6 +161,11 @@ pub struct DeliveryStatus {
 }
 
 impl DeliveryStatus {
+    /// A status as `state()` would give it (the bindings make one for a drain's `Blocked`).
+    pub fn new(state: DeliveryState, pending: u64) -> DeliveryStatus {
+        DeliveryStatus { state, pending }
+    }
+
     /// Nothing pending and nothing being sent: what "done" means for scripts and tools.
     pub fn is_drained(&self) -> bool {
         self.pending == 0 && self.state == DeliveryState::Idle
@@ -137,6 +209,14 @@ impl std::fmt::Display for DeliveryStatus {
                 )
             }
             DeliveryState::Disabled => write!(f, "disabled, {} pending", self.pending),
+            DeliveryState::Deferred { reason } => {
+                write!(
+                    f,
+                    "deferred ({}), {} pending",
+                    reason.describe(),
+                    self.pending
+                )
+            }
         }
     }
 }

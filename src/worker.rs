@@ -46,6 +46,7 @@ pub async fn run(shared: Arc<Shared>) {
         report_room: 0,
     };
     worker.recover_leases();
+    worker.s.reask_drains();
     worker.run().await;
 }
 
@@ -144,6 +145,10 @@ impl Worker {
                 }
                 Action::Release(events) => {
                     self.s.queue.release(&events);
+                    None
+                }
+                Action::DrainDone { id, outcome } => {
+                    self.s.finish_drain(id, outcome);
                     None
                 }
             };

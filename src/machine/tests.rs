@@ -28,6 +28,10 @@ fn policy() -> Policy {
         probe_cap_ms: 900_000,
         max_event_sends: 10,
         max_event_age_ms: 3_600_000,
+        // Every condition defers in the tables, unless a table says otherwise.
+        deliver_on_metered: false,
+        deliver_on_low_power: false,
+        deliver_on_battery_low: false,
     }
 }
 
@@ -43,6 +47,12 @@ enum In {
     Online(bool),
     Enabled(bool),
     Foreground(bool),
+    // The device's conditions (`set_conditions`), one at a time; the others keep their value.
+    Metered(bool),
+    LowPower(bool),
+    BatteryLow(bool),
+    /// `deliver_within` with this budget (ms).
+    Drain(u64),
     Shutdown,
     // The driver's turn: 3 events pending; `flush_at` reached; nothing pending; `ms` later.
     Tick,
@@ -77,6 +87,7 @@ struct Rig {
     app: Control,
     now: u64,
     next_seq: u64,
+    next_drain: u64,
 }
 
 impl Rig {
@@ -87,6 +98,7 @@ impl Rig {
             app,
             now: NOW0,
             next_seq: 1,
+            next_drain: 1,
         }
     }
 
@@ -108,6 +120,7 @@ impl Rig {
         app.resume = false;
         app.api_key_changed = false;
         app.foreground_changed = false;
+        app.drains.clear();
         app.shutdown = false;
         self.m.feed(Input::Control {
             verbs,
@@ -185,6 +198,17 @@ impl Rig {
                 c.foreground_changed = c.foreground != *on;
                 c.foreground = *on;
             }),
+            Metered(on) => self.verb(|c| c.conditions.metered = *on),
+            LowPower(on) => self.verb(|c| c.conditions.low_power = *on),
+            BatteryLow(on) => self.verb(|c| c.conditions.battery_low = *on),
+            Drain(budget) => {
+                let request = DrainRequest {
+                    id: self.next_drain,
+                    deadline_ms: self.now + budget,
+                };
+                self.next_drain += 1;
+                self.verb(|c| c.drains.push(request))
+            }
             Shutdown => self.verb(|c| c.shutdown = true),
             Tick => self.tick(3, false),
             TickFlushAt => self.tick(3, true),
@@ -260,6 +284,7 @@ impl Rig {
                     } => format!(" {attempt}/{max_attempts}"),
                     DeliveryState::WaitingForUser { attempts, .. } => format!(" {attempts}"),
                     DeliveryState::Paused { reason, .. } => format!(" {}", reason.as_str()),
+                    DeliveryState::Deferred { reason } => format!(" {}", reason.as_str()),
                     _ => String::new(),
                 };
                 let at = deadline_ms.map_or(String::new(), |t| format!(" {}", rel(t)));
@@ -287,6 +312,22 @@ impl Rig {
             }
             Action::DropExpired(events) => format!("drop expired {}", events.len()),
             Action::Release(events) => format!("release {}", events.len()),
+            Action::DrainDone { id, outcome } => {
+                let what = match outcome {
+                    DrainOutcome::Drained => "drained".to_string(),
+                    DrainOutcome::DeadlineReached => "deadline".to_string(),
+                    DrainOutcome::RetryAfter { ms } => format!("retry_after +{ms}"),
+                    DrainOutcome::Blocked { state } => {
+                        let detail = match state {
+                            DeliveryState::Paused { reason, .. } => format!(" {}", reason.as_str()),
+                            DeliveryState::Deferred { reason } => format!(" {}", reason.as_str()),
+                            _ => String::new(),
+                        };
+                        format!("blocked {}{detail}", state.name())
+                    }
+                };
+                format!("drain {id} {what}")
+            }
             Action::Stop => "stop".into(),
         }
     }
@@ -311,6 +352,7 @@ impl Rig {
             Mode::Paused { reason, .. } => format!("paused {}", reason.as_str()),
             Mode::Offline => "offline".into(),
             Mode::Disabled => "disabled".into(),
+            Mode::Deferred { reason } => format!("deferred {}", reason.as_str()),
         }
     }
 }
@@ -1215,4 +1257,330 @@ fn fleet_report_and_pause() {
         ),
     ];
     assert_eq!(drive(policy(), &rows), 12);
+}
+
+fn deferred() -> Vec<In> {
+    vec![Metered(true)]
+}
+
+/// Delivery conditions (docs/delivery.md §Conditions): `Deferred{reason}` from each state that
+/// can be deferred, the way back (as a reconnect: a fresh episode), timers that must not send
+/// while deferred, and the precedence Disabled > Offline > Paused > Deferred.
+#[test]
+fn deferred_by_conditions() {
+    let rows = [
+        // Idle, Sending (between batches, a split's halves in hand), RetryScheduled,
+        // WaitingForUser ── conditions forbid ──▶ Deferred; what was in hand goes back.
+        row(idle(), Metered(true), &[], "deferred metered"),
+        row(idle(), LowPower(true), &[], "deferred low_power"),
+        row(idle(), BatteryLow(true), &[], "deferred battery_low"),
+        row(draining(), Metered(true), &[], "deferred metered"),
+        row(
+            then(sending(4), &[Status(400)]),
+            Metered(true),
+            &["release 4"],
+            "deferred metered",
+        ),
+        row(retry(1), Metered(true), &["release 3"], "deferred metered"),
+        row(waiting(), Metered(true), &["release 3"], "deferred metered"),
+        // Deferred: no attempt; the verbs that would send do nothing.
+        row(
+            deferred(),
+            Tick,
+            &["publish deferred metered", "wait"],
+            "deferred metered",
+        ),
+        row(deferred(), Flush, &[], "deferred metered"),
+        row(deferred(), RetryNow, &[], "deferred metered"),
+        row(deferred(), Dismiss, &[], "deferred metered"),
+        row(
+            then(deferred(), &[Foreground(false)]),
+            Foreground(true),
+            &[],
+            "deferred metered",
+        ),
+        row(
+            deferred(),
+            TickFlushAt,
+            &["publish deferred metered", "wait"],
+            "deferred metered",
+        ),
+        // Retry and probe timers do not fire sends while deferred.
+        row(
+            then(retry(1), &[Metered(true)]),
+            TickAfter(3_600_000),
+            &["publish deferred metered", "wait"],
+            "deferred metered",
+        ),
+        row(
+            then(waiting(), &[Metered(true)]),
+            TickAfter(3_600_000),
+            &["publish deferred metered", "wait"],
+            "deferred metered",
+        ),
+        // Deferred ── conditions allow ──▶ Sending, as after a reconnect.
+        row(deferred(), Metered(false), &["flush_at seen"], "sending"),
+        row(
+            then(retry(2), &[Metered(true)]),
+            Metered(false),
+            &["flush_at seen"],
+            "sending",
+        ),
+        // No budget spent: the retry of an episode begun before the deferral starts again at 1.
+        row(
+            then(retry(2), &[Metered(true), Metered(false), Tick, Batch(3)]),
+            Status(503),
+            &["note answered 3", "publish retry_scheduled 1/3 +1000"],
+            "retry_scheduled 1 +1000",
+        ),
+        row(
+            then(waiting(), &[Metered(true), Metered(false), Tick, Batch(3)]),
+            Status(503),
+            &["note answered 3", "publish retry_scheduled 1/3 +1000"],
+            "retry_scheduled 1 +1000",
+        ),
+        // The reason shown when several forbid: metered, then low power, then battery low.
+        row(
+            then(idle(), &[LowPower(true)]),
+            Metered(true),
+            &[],
+            "deferred metered",
+        ),
+        row(
+            then(idle(), &[Metered(true), BatteryLow(true)]),
+            Metered(false),
+            &[],
+            "deferred battery_low",
+        ),
+        // Precedence: Disabled > Offline > Paused > Deferred.
+        row(paused_auth(), Metered(true), &[], "paused auth"),
+        row(
+            then(paused_auth(), &[Metered(true)]),
+            Metered(false),
+            &[],
+            "paused auth",
+        ),
+        row(
+            then(paused_auth(), &[Metered(true)]),
+            Resume,
+            &[],
+            "deferred metered",
+        ),
+        row(offline(), Metered(true), &[], "offline"),
+        row(
+            then(offline(), &[Metered(true)]),
+            Online(true),
+            &[],
+            "deferred metered",
+        ),
+        row(
+            then(offline(), &[Metered(true)]),
+            Metered(false),
+            &[],
+            "offline",
+        ),
+        row(deferred(), Online(false), &[], "offline"),
+        row(disabled(), Metered(true), &[], "disabled"),
+        row(
+            then(disabled(), &[Metered(true)]),
+            Enabled(true),
+            &[],
+            "deferred metered",
+        ),
+        row(deferred(), Enabled(false), &[], "disabled"),
+    ];
+    assert_eq!(drive(policy(), &rows), 31);
+
+    // A condition the policy allows changes nothing.
+    let allowing = Policy {
+        deliver_on_metered: true,
+        ..policy()
+    };
+    let rows = [
+        row(idle(), Metered(true), &[], "idle"),
+        row(then(retry(1), &[Metered(true)]), Fire, &[], "sending"),
+        row(
+            then(idle(), &[Metered(true)]),
+            LowPower(true),
+            &[],
+            "deferred low_power",
+        ),
+    ];
+    assert_eq!(drive(allowing, &rows), 3);
+}
+
+/// A drain started.
+fn drain_sending(n: usize) -> Vec<In> {
+    vec![Drain(5_000), Tick, Batch(n)]
+}
+
+/// The bounded drain (docs/delivery.md §Bounded drain): each outcome, when it is told, and that
+/// no wait outlasts the budget.
+#[test]
+fn bounded_drain() {
+    let rows = [
+        // From Idle it is a flush trigger; the queue found empty ──▶ Drained.
+        row(idle(), Drain(5_000), &["flush_at seen"], "sending"),
+        row(
+            then(idle(), &[Drain(5_000)]),
+            Tick,
+            &["next batch <=524224"],
+            "sending",
+        ),
+        row(
+            then(idle(), &[Drain(5_000), Tick]),
+            Empty,
+            &["flush_at seen", "drain 1 drained"],
+            "idle",
+        ),
+        row(drain_sending(3), Status(200), &["ack 3"], "sending"),
+        row(
+            then(drain_sending(3), &[Status(200), Tick]),
+            Empty,
+            &["flush_at seen", "drain 1 drained"],
+            "idle",
+        ),
+        // A drain already under way is joined.
+        row(sending(3), Drain(5_000), &[], "sending"),
+        // The budget passes with events pending ──▶ DeadlineReached, told before the next
+        // question; delivery goes on as after any flush.
+        row(
+            then(drain_sending(3), &[Status(200)]),
+            TickAfter(5_000),
+            &["drain 1 deadline", "next batch <=524224"],
+            "sending",
+        ),
+        // Two drains: each ends at its own deadline.
+        row(
+            then(
+                idle(),
+                &[Drain(1_000), Drain(5_000), Tick, Batch(3), Status(200)],
+            ),
+            TickAfter(1_000),
+            &["drain 1 deadline", "next batch <=524224"],
+            "sending",
+        ),
+        // A retry within the budget is waited for; the countdown's wait ends by the deadline.
+        row(retry(1), Drain(5_000), &[], "retry_scheduled 1 +1000"),
+        row(
+            then(retry(1), &[Drain(5_000)]),
+            Tick,
+            &["publish retry_scheduled 1/3 +1000", "wait +1000"],
+            "retry_scheduled 1 +1000",
+        ),
+        row(then(retry(1), &[Drain(5_000)]), Fire, &[], "sending"),
+        // A retry after the budget ──▶ RetryAfter{ms until it}, at once.
+        row(
+            retry(1),
+            Drain(500),
+            &["drain 1 retry_after +1000"],
+            "retry_scheduled 1 +1000",
+        ),
+        row(
+            drain_sending(3),
+            RetryAfter(503, 30),
+            &[
+                "note answered 3",
+                "publish retry_scheduled 1/3 +30000",
+                "drain 1 retry_after +30000",
+            ],
+            "retry_scheduled 1 +30000",
+        ),
+        // WaitingForUser: the slow probe is the next attempt.
+        row(
+            waiting(),
+            Drain(5_000),
+            &["drain 1 retry_after +60000"],
+            "waiting_for_user 3 +60000",
+        ),
+        // Offline, Paused, Disabled, Deferred ──▶ Blocked{state}, at once.
+        row(
+            offline(),
+            Drain(5_000),
+            &["drain 1 blocked offline"],
+            "offline",
+        ),
+        row(
+            paused_auth(),
+            Drain(5_000),
+            &["drain 1 blocked paused auth"],
+            "paused auth",
+        ),
+        row(
+            disabled(),
+            Drain(5_000),
+            &["drain 1 blocked disabled"],
+            "disabled",
+        ),
+        row(
+            deferred(),
+            Drain(5_000),
+            &["drain 1 blocked deferred metered"],
+            "deferred metered",
+        ),
+        // ... or when the drain runs into them.
+        row(
+            drain_sending(3),
+            Status(401),
+            &[
+                "note answered 3",
+                "release 3",
+                "drain 1 blocked paused auth",
+            ],
+            "paused auth",
+        ),
+        row(
+            then(drain_sending(3), &[Status(200)]),
+            Metered(true),
+            &["drain 1 blocked deferred metered"],
+            "deferred metered",
+        ),
+        row(
+            then(drain_sending(3), &[Status(200)]),
+            Online(false),
+            &["drain 1 blocked offline"],
+            "offline",
+        ),
+        // "Back" during the drain's retry: the drain asks again at the next turn.
+        row(
+            then(retry(1), &[Drain(5_000)]),
+            Dismiss,
+            &["release 3"],
+            "idle",
+        ),
+        row(
+            then(retry(1), &[Drain(5_000), Dismiss]),
+            Tick,
+            &["flush_at seen"],
+            "sending",
+        ),
+    ];
+    assert_eq!(drive(policy(), &rows), 23);
+
+    // With a pause between batches, the throttle's wait ends by the deadline too.
+    let spaced = Policy {
+        min_batch_interval_ms: 1_000,
+        ..policy()
+    };
+    let rows = [
+        row(
+            then(idle(), &[Drain(2_500), Tick, Batch(3), Status(200)]),
+            Tick,
+            &["publish sending", "wait +1000"],
+            "sending",
+        ),
+        row(
+            then(idle(), &[Drain(400), Tick, Batch(3), Status(200)]),
+            Tick,
+            &["publish sending", "wait +400"],
+            "sending",
+        ),
+        row(
+            then(idle(), &[Drain(400), Tick, Batch(3), Status(200)]),
+            TickAfter(400),
+            &["publish sending", "drain 1 deadline", "wait +600"],
+            "sending",
+        ),
+    ];
+    assert_eq!(drive(spaced, &rows), 3);
 }

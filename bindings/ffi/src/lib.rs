@@ -28,8 +28,8 @@ pub use foreign::{
     TransportResponse,
 };
 pub use types::{
-    AttemptFailure, DeliveryState, DeliveryStatus, NewEvent, PauseReason, QuarantineSelector,
-    QuarantinedEvent, SpoolNotice, SpoolStats,
+    AttemptFailure, DeferReason, DeliveryConditions, DeliveryState, DeliveryStatus, DrainOutcome,
+    NewEvent, PauseReason, QuarantineSelector, QuarantinedEvent, SpoolNotice, SpoolStats,
 };
 
 use eventspool::ConfigError;
@@ -64,6 +64,10 @@ pub enum SpoolError {
     Runtime { reason: String },
     #[error("not found: {reason}")]
     NotFound { reason: String },
+    /// A blocking call made where it would wait for itself: `deliver_within` from inside a
+    /// `DeliveryObserver` callback (it runs on the worker the drain needs).
+    #[error("called on the wrong thread: {reason}")]
+    WrongThread { reason: String },
     /// A `track_batch` that could not be recorded whole (larger than memory without a store, or
     /// the store refused what memory could not hold); nothing of it was recorded.
     #[error("batch refused, nothing recorded: {reason}")]
@@ -101,6 +105,7 @@ impl From<Error> for SpoolError {
                 reason: format!("{what}: {source}"),
             },
             Error::NotFound(reason) => SpoolError::NotFound { reason },
+            Error::WrongThread(reason) => SpoolError::WrongThread { reason },
             Error::BatchRefused(reason) => SpoolError::BatchRefused { reason },
             Error::NotDurable { event_ids, reason } => SpoolError::NotDurable {
                 event_ids: event_ids.iter().map(ToString::to_string).collect(),
@@ -363,6 +368,25 @@ impl EventSpool {
     /// starts a fresh failure episode, so a retry or a `WaitingForUser` sends again at once.
     pub fn set_foreground(&self, foreground: bool) {
         self.verb(|core| core.set_foreground(foreground));
+    }
+
+    /// What the platform knows about the device (metered network, power saving, low battery);
+    /// call it whenever one changes. Where the config says not to deliver under one, the state
+    /// becomes `Deferred`; when they allow it again delivery resumes as after a reconnect.
+    pub fn set_conditions(&self, conditions: DeliveryConditions) {
+        self.verb(|core| core.set_conditions(conditions.into()));
+    }
+
+    /// Runs delivery for at most `budget_ms` and says how it ended (for a `JobService` or a
+    /// `BGTask`: reschedule from the outcome). Blocks the calling thread: never call it on the
+    /// UI thread, nor from a `DeliveryObserver` (`WrongThread`). The SDK's worker still does
+    /// the sending, one request at a time; a request in flight at the deadline is answered
+    /// first (within `attempt_timeout_ms`), so leave that much of the platform's budget.
+    pub fn deliver_within(&self, budget_ms: u64) -> Result<DrainOutcome, SpoolError> {
+        self.with_core(|core| {
+            let outcome = core.deliver_within(Duration::from_millis(budget_ms))?;
+            Ok(DrainOutcome::from_core(outcome, core.state().pending))
+        })
     }
 
     /// Sends pending events now.

@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 
+use eventspool::DeferReason as CoreDeferReason;
 use eventspool::PauseReason as CorePauseReason;
 use eventspool::Stats;
 use eventspool::classify::Failure;
@@ -30,6 +31,77 @@ pub enum PauseReason {
     Auth,
     /// Another 4xx or a 3xx: the endpoint is wrong; `resume` continues.
     Config,
+}
+
+/// Why delivery waits for better conditions (`set_conditions` and the `deliver_on_*` config).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, uniffi::Enum)]
+pub enum DeferReason {
+    /// The network is metered and `deliver_on_metered` is false.
+    Metered,
+    /// The device saves power and `deliver_on_low_power` is false.
+    LowPower,
+    /// The battery is low and `deliver_on_battery_low` is false.
+    BatteryLow,
+}
+
+impl From<CoreDeferReason> for DeferReason {
+    fn from(r: CoreDeferReason) -> Self {
+        match r {
+            CoreDeferReason::Metered => DeferReason::Metered,
+            CoreDeferReason::LowPower => DeferReason::LowPower,
+            CoreDeferReason::BatteryLow => DeferReason::BatteryLow,
+        }
+    }
+}
+
+/// What the platform knows about the device (Android: a metered network, power-save mode, a
+/// low battery); `set_conditions` hands it over whenever it changes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, uniffi::Record)]
+pub struct DeliveryConditions {
+    #[uniffi(default = false)]
+    pub metered: bool,
+    #[uniffi(default = false)]
+    pub low_power: bool,
+    #[uniffi(default = false)]
+    pub battery_low: bool,
+}
+
+impl From<DeliveryConditions> for eventspool::DeliveryConditions {
+    fn from(c: DeliveryConditions) -> Self {
+        eventspool::DeliveryConditions {
+            metered: c.metered,
+            low_power: c.low_power,
+            battery_low: c.battery_low,
+        }
+    }
+}
+
+/// How `deliver_within` ended: what a background job does next.
+#[derive(Clone, Debug, PartialEq, Eq, uniffi::Enum)]
+pub enum DrainOutcome {
+    /// Nothing is pending: finish the job.
+    Drained,
+    /// The budget passed with events pending: reschedule soon.
+    DeadlineReached,
+    /// The next attempt is `ms` from now, after the budget: reschedule then.
+    RetryAfter { ms: u64 },
+    /// Offline, paused, disabled or deferred: reschedule on that change (network back,
+    /// conditions allowing, new key), not on a timer. `status` is the state at that moment.
+    Blocked { status: DeliveryStatus },
+}
+
+impl DrainOutcome {
+    /// `pending` is the spool's count when the outcome came, for `Blocked`'s status line.
+    pub(crate) fn from_core(o: eventspool::DrainOutcome, pending: u64) -> Self {
+        match o {
+            eventspool::DrainOutcome::Drained => DrainOutcome::Drained,
+            eventspool::DrainOutcome::DeadlineReached => DrainOutcome::DeadlineReached,
+            eventspool::DrainOutcome::RetryAfter { ms } => DrainOutcome::RetryAfter { ms },
+            eventspool::DrainOutcome::Blocked { state } => DrainOutcome::Blocked {
+                status: (&eventspool::DeliveryStatus::new(state, pending)).into(),
+            },
+        }
+    }
 }
 
 /// docs/delivery.md §States, as a UI renders it.
@@ -64,6 +136,11 @@ pub enum DeliveryState {
         last_error: AttemptFailure,
     },
     Disabled,
+    /// The device's conditions forbid delivery by the config's policy; it resumes by itself
+    /// when `set_conditions` says they allow it.
+    Deferred {
+        reason: DeferReason,
+    },
 }
 
 /// The state plus how many events are not delivered yet.
@@ -114,6 +191,9 @@ impl From<&eventspool::DeliveryStatus> for DeliveryStatus {
                 last_error: last_error.into(),
             },
             S::Disabled => DeliveryState::Disabled,
+            S::Deferred { reason } => DeliveryState::Deferred {
+                reason: (*reason).into(),
+            },
         };
         DeliveryStatus {
             state,

@@ -351,3 +351,33 @@ def test_removed_observer_is_told_nothing_more_and_released(collector, fast_conf
     kept_handle.remove()
     spool.shutdown(5_000)
     assert collector.distinct() == 2
+
+
+def test_deliver_within_and_conditions(collector, fast_config):
+    """The bounded drain and the delivery conditions through the generated bindings: deferred
+    on a metered network (nothing sent, the drain says Blocked), drained once allowed."""
+    from eventspool import DeferReason, DeliveryConditions, DrainOutcome
+
+    spool = EventSpool(fast_config(collector.url, deliver_on_metered=False, flush_at=5))
+    spool.set_conditions(DeliveryConditions(metered=True, low_power=False, battery_low=False))
+    track_many(spool, 40)
+    outcome = spool.deliver_within(2_000)
+    assert isinstance(outcome, DrainOutcome.BLOCKED), outcome
+    assert isinstance(outcome.status.state, DeliveryState.DEFERRED)
+    assert outcome.status.state.reason == DeferReason.METERED
+    assert outcome.status.pending == 40
+    assert outcome.status.summary == "deferred (metered network), 40 pending"
+    assert spool.stats().requests == 0
+    assert collector.stats()["requests"] == 0
+
+    spool.set_conditions(DeliveryConditions(metered=False, low_power=False, battery_low=False))
+    outcome = spool.deliver_within(20_000)
+    assert isinstance(outcome, DrainOutcome.DRAINED), outcome
+    assert collector.distinct() == 40
+    assert spool.stats().pending == 0
+
+    spool.set_online(False)
+    assert isinstance(spool.deliver_within(1_000), DrainOutcome.BLOCKED)
+    spool.shutdown(5_000)
+    with pytest.raises(SpoolError.ShutDown):
+        spool.deliver_within(1_000)

@@ -175,6 +175,8 @@ pub(super) async fn handle(
         let totals = shared.fleet_totals().to_json();
         return Ok(Reply::json(200, totals).into_response(None));
     }
+    // Held until the answer is built (or the connection drops): the request is in flight.
+    let _in_flight = shared.enter();
     let at = Instant::now();
     let index = shared.next_index();
     let mut pending = Pending {

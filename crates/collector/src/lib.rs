@@ -362,6 +362,12 @@ impl ReferenceCollector {
         self.shared.request_count()
     }
 
+    /// The most POSTs this collector was handling at the same moment (from arrival until the
+    /// answer was ready, or the connection went): 1 for a client that never overlaps requests.
+    pub fn max_concurrent_requests(&self) -> usize {
+        self.shared.max_in_flight()
+    }
+
     /// Blocks until at least `n` distinct events are stored or `timeout` passes; returns
     /// whether the count was reached. Wakes on every store, so tests need no sleeps.
     /// It blocks the calling thread: in a single-threaded async test, let the client's

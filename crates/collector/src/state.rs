@@ -7,7 +7,8 @@
 
 use std::collections::VecDeque;
 use std::path::Path;
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, OptionalExtension, params};
@@ -150,6 +151,19 @@ pub(super) struct Shared {
     changed: Condvar,
     /// Where accepted batches go instead of `Store` (a broker); `None` stores locally.
     sink: Option<Box<dyn Sink>>,
+    /// POSTs being handled now, and the most there ever were at once: a client that promises
+    /// one request in flight is checked against the second.
+    in_flight: AtomicUsize,
+    max_in_flight: AtomicUsize,
+}
+
+/// Counts one POST as in flight while it lives (see [`Shared::enter`]).
+pub(super) struct InFlight(Arc<Shared>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Shared {
@@ -170,7 +184,21 @@ impl Shared {
             }),
             changed: Condvar::new(),
             sink: None,
+            in_flight: AtomicUsize::new(0),
+            max_in_flight: AtomicUsize::new(0),
         }
+    }
+
+    /// A POST arrived; it counts as in flight until the guard goes (answered, dropped, or its
+    /// connection closed).
+    pub(super) fn enter(self: &Arc<Self>) -> InFlight {
+        let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        self.max_in_flight.fetch_max(now, Ordering::SeqCst);
+        InFlight(Arc::clone(self))
+    }
+
+    pub(super) fn max_in_flight(&self) -> usize {
+        self.max_in_flight.load(Ordering::SeqCst)
     }
 
     /// Sends accepted batches to `sink` instead of the local store.

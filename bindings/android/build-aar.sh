@@ -23,12 +23,14 @@ cd "$(dirname "$0")/../.."
 out=bindings/android/target/dist
 abis=()
 host_test=0
+compile=1
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --abi) abis+=("$2"); shift 2 ;;
         --out) out="$2"; shift 2 ;;
         --host-test) host_test=1; shift ;;
-        *) echo "build-aar.sh: unknown argument '$1' (known: --abi ABI=PATH, --out DIR, --host-test)" >&2; exit 2 ;;
+        --no-compile) compile=0; shift ;; # the classes are fresh already (CI, right after mvn test)
+        *) echo "build-aar.sh: unknown argument '$1' (known: --abi ABI=PATH, --out DIR, --host-test, --no-compile)" >&2; exit 2 ;;
     esac
 done
 
@@ -50,7 +52,7 @@ if [[ ${#abis[@]} -eq 0 ]]; then
 fi
 
 # The classes: compiled by the Maven reactor (the generated bindings must exist: generate.sh).
-mvn -B -q -f bindings/pom.xml compile >&2
+[[ $compile -eq 0 ]] || mvn -B -q -f bindings/pom.xml compile >&2
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/aar" "$work/classes" "$work/jvm" "$out"

@@ -29,9 +29,16 @@ object DeliveryJob {
     @JvmField var budgetMs: Long = 60_000
     /** The delay of the job after a budget that ran out with events pending. */
     const val AGAIN_SOON_MS = 1_000L
+    /** False for an app that runs [drain] from its own scheduler (WorkManager): no job is scheduled then. */
+    @JvmField @Volatile var enabled: Boolean = true
+
+    /** The bounded drain alone, for an app's own worker: what to do next, nothing scheduled. */
+    @JvmStatic
+    fun drain(spool: dev.eventspool.Spool, budgetMs: Long = this.budgetMs): JobNext = CoreBridge.drain(spool, budgetMs)
 
     @JvmStatic
     fun schedule(context: Context, delayMs: Long) {
+        if (!enabled) return
         val info = JobInfo.Builder(JOB_ID, ComponentName(context, DeliveryJobService::class.java))
             .setRequiredNetworkType(JobInfo.NETWORK_TYPE_ANY)
             .setMinimumLatency(delayMs.coerceAtLeast(0))

@@ -28,7 +28,9 @@ class TrackBench {
         samples.sort()
         val median = samples[samples.size / 2] / 1000.0
         val p99 = samples[(samples.size * 99) / 100] / 1000.0
-        println("BENCH %-34s median %7.2f us  p99 %8.2f us  %s".format(label, median, p99, extra))
+        val p999 = samples[(samples.size * 999) / 1000] / 1000.0
+        val mean = samples.average() / 1000.0
+        println("BENCH %-34s median %7.2f us  mean %7.2f us  p99 %8.2f us  p99.9 %8.2f us  max %9.1f us  %s".format(label, median, mean, p99, p999, samples.last() / 1000.0, extra))
     }
 
     private inline fun timed(count: Int, call: (Int) -> Unit): LongArray {

@@ -21,9 +21,10 @@ import uniffi.eventspool.SpoolException
  *
  * Bounded: at most [capacity] records. When it is full, `track()` waits for room (the
  * back-pressure is counted in [HandoffStats.waits]); nothing is dropped to make room.
- * What a crash can lose: the records still here, at most [capacity], i.e. the events of the
- * last batch-time (one `track_batch` call, about a millisecond for a few hundred events; see
- * BENCHMARKS.md), on top of what the core itself holds in memory under `durability = spill`.
+ * What a crash can lose: the records still here, at most [capacity]: at an app's rate the
+ * events of the last `track_batch` call (a few ms), under a burst that fills the queue as long
+ * as the core takes to record [capacity] events (about 170 ms on the bench machine, see
+ * BENCHMARKS.md); on top of what the core itself holds in memory under `durability = spill`.
  */
 internal class Handoff(
     private val core: EventSpool,

@@ -1,0 +1,80 @@
+package eventspool
+
+import dev.eventspool.Spool
+import java.nio.file.Files
+import java.util.UUID
+import org.junit.jupiter.api.Tag
+import org.junit.jupiter.api.Test
+import uniffi.eventspool.EventSpool
+
+/**
+ * The cost of `track()` on the calling thread, 200,000 calls each, one run (BENCHMARKS.md):
+ * the generated binding, the Kotlin layer, and a pure-Kotlin baseline (UUID + ArrayDeque push of
+ * the same JSON). Not part of the suite (tag `bench`); run it with
+ * `mvn -q test -Deventspool.excludedGroups=none -Dgroups=bench -Dtest=TrackBench`.
+ */
+@Tag("bench")
+class TrackBench {
+    private val n = 200_000
+    private val warm = 20_000
+    // 250 bytes once the core adds id, timestamp and name.
+    private val props: Map<String, Any?> = mapOf(
+        "screen" to "checkout/payment", "button" to "confirm", "cart_items" to 3, "total" to 59.9,
+        "currency" to "EUR", "ab" to "variant-b", "first" to false,
+    )
+    private val json = """{"screen":"checkout/payment","button":"confirm","cart_items":3,"total":59.9,"currency":"EUR","ab":"variant-b","first":false}"""
+
+    private fun figures(label: String, samples: LongArray, extra: String = "") {
+        samples.sort()
+        val median = samples[samples.size / 2] / 1000.0
+        val p99 = samples[(samples.size * 99) / 100] / 1000.0
+        val p999 = samples[(samples.size * 999) / 1000] / 1000.0
+        val mean = samples.average() / 1000.0
+        println("BENCH %-34s median %7.2f us  mean %7.2f us  p99 %8.2f us  p99.9 %8.2f us  max %9.1f us  %s".format(label, median, mean, p99, p999, samples.last() / 1000.0, extra))
+    }
+
+    private inline fun timed(count: Int, call: (Int) -> Unit): LongArray {
+        val out = LongArray(count)
+        for (i in 0 until count) {
+            val t0 = System.nanoTime()
+            call(i)
+            out[i] = System.nanoTime() - t0
+        }
+        return out
+    }
+
+    @Test
+    fun `track on the calling thread`() {
+        val dir = Files.createTempDirectory("eventspool-bench")
+        // Offline to a closed port: only the recording is measured, never a request.
+        fun config(name: String) = fastConfig("http://127.0.0.1:9/v1/batch", dir.resolve(name))
+            .copy(allowInsecureHttp = true, memoryCapacity = 10_000uL)
+
+        val baseline = ArrayDeque<Pair<String, String>>()
+        timed(warm) { baseline.addLast(UUID.randomUUID().toString() to json) }
+        baseline.clear()
+        figures("pure Kotlin (UUID + ArrayDeque)", timed(n) { baseline.addLast(UUID.randomUUID().toString() to json) })
+
+        EventSpool(config("generated.db"), startOffline = true).use { spool ->
+            timed(warm) { spool.track("checkout", json) }
+            figures("generated EventSpool.track", timed(n) { spool.track("checkout", json) })
+        }
+
+        Spool(config("layer.db"), startOffline = true).use { spool ->
+            timed(warm) { spool.track("checkout", props) }
+            spool.waitDrainedBlocking(1) // hand-off empty before the measured run
+            val start = System.nanoTime()
+            val samples = timed(n) { spool.track("checkout", props) }
+            val callsMs = (System.nanoTime() - start) / 1e6
+            spool.stats()
+            val allMs = (System.nanoTime() - start) / 1e6
+            val h = spool.handoffStats()
+            figures(
+                "layer Spool.track (Map)", samples,
+                "calls %.0f ms, recorded by the core after %.0f ms (%.0f k events/s), %d batches, %d waits".format(
+                    callsMs, allMs, n / allMs, h.batches, h.waits,
+                ),
+            )
+        }
+    }
+}

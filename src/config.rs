@@ -6,6 +6,7 @@
 
 use std::path::PathBuf;
 
+use crate::consent::Consent;
 use crate::error::ConfigError;
 
 const KIB: u64 = 1024;
@@ -105,6 +106,10 @@ macro_rules! config_table {
                 /// `"spill"` (default) or `"always"` (needs `db_path`).
                 durability: Durability = Durability::Spill, ffi String, plain;
                 allow_insecure_http: bool = false, ffi bool, plain;
+                /// Consent when the store has none recorded (a memory-only spool: at every
+                /// open): `"granted"` (default), `"pending"` or `"denied"`. Once the app calls
+                /// `set_consent`, the store's record wins over this.
+                consent: Consent = Consent::Granted, ffi String, plain;
             }
         }
     };
@@ -447,11 +452,18 @@ mod tests {
                 "compression" => "none",
                 "durability" => "always",
                 "allow_insecure_http" => "true",
+                "consent" => "pending",
                 _ => "7",
             };
             c.set(name, value).unwrap_or_else(|e| panic!("{name}: {e}"));
         }
         assert_eq!((c.max_auto_attempts, c.max_event_sends), (7, 7));
+        assert_eq!(c.consent, Consent::Pending);
+        let e = c.set("consent", "maybe").unwrap_err();
+        assert!(
+            e.to_string().contains("consent") && e.to_string().contains("maybe"),
+            "{e}"
+        );
     }
 
     #[test]

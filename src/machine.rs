@@ -22,12 +22,13 @@ use std::collections::VecDeque;
 
 use crate::classify::{Failure, Outcome};
 use crate::config::{BATCH_OVERHEAD_BYTES, Config};
+use crate::consent::Consent;
 use crate::event::{QueuedEvent, SendNote};
 use crate::quarantine::reason;
 use crate::retry::{AfterFailure, Episode, after_failure, next_delay_ms, probe_delay_ms};
 use crate::shared::Control;
 use crate::split::{LoneRefusal, SizeLimit, Split};
-use crate::state::{DeliveryState, PauseReason};
+use crate::state::{DeferReason, DeliveryState, PauseReason};
 use crate::transport::{HttpResponse, TransportError};
 
 /// Events of a batch, each with whether it was read from the store (the queue gives it back or
@@ -102,12 +103,14 @@ pub enum Input {
     /// ([`crate::shared::Shared::take_control`]), at `now_ms`.
     Control { verbs: Control, now_ms: u64 },
     /// The driver's turn (also after a timer fired): the monotonic and wall clocks, the events
-    /// pending, and whether `flush_at` was reached since the last drain started.
+    /// pending, whether `flush_at` was reached since the last drain started, and whether a
+    /// critical event was tracked since the last batch was assembled.
     Tick {
         now_ms: u64,
         wall_ms: i64,
         pending: u64,
         flush_at: bool,
+        critical: bool,
     },
     /// The answer to [`Action::NextBatch`] / [`Action::ProbeBatch`]: the batch the queue leased,
     /// in delivery order, or `None` when it is empty. `wall_ms` is read after it was taken.
@@ -176,6 +179,9 @@ pub enum Action {
     DropExpired(Events),
     /// Give them back to the queue, in place.
     Release(Events),
+    /// Consent was denied: delete every queued event and dead letter (README §Consent), after
+    /// any [`Action::Release`] before it.
+    DiscardForConsent,
     /// Shutdown: the worker ends.
     Stop,
 }
@@ -202,6 +208,8 @@ enum Mode {
     },
     Offline,
     Disabled,
+    /// Nothing is sent until the condition clears (consent `pending`).
+    Deferred(DeferReason),
 }
 
 /// A batch being delivered: its events, how many times this batch was sent (the quarantine
@@ -286,6 +294,11 @@ pub struct Machine {
     last_send_unanswered: bool,
     /// The app's last word on connectivity: where the machine rests when nothing is sent.
     online: bool,
+    /// Tracking consent: `Pending` defers every send, `Denied` disables.
+    consent: Consent,
+    /// A critical event waits (the last [`Input::Tick`] said so): a drain starts at once and
+    /// the throttle before a new batch is skipped.
+    critical: bool,
     asked: Option<Asked>,
     out: Vec<Action>,
 }
@@ -294,8 +307,10 @@ impl Machine {
     /// A machine at `now_ms`, starting where the app's settings put it before the worker ran
     /// (`control` is a peek: its edges are still to be fed).
     pub fn new(policy: Policy, jitter: Jitter, now_ms: u64, control: &Control) -> Machine {
-        let mode = if !control.enabled {
+        let mode = if !control.enabled || control.consent == Consent::Denied {
             Mode::Disabled
+        } else if control.consent == Consent::Pending {
+            Mode::Deferred(DeferReason::Consent)
         } else if !control.online {
             Mode::Offline
         } else {
@@ -320,6 +335,8 @@ impl Machine {
             isolation: None,
             last_send_unanswered: false,
             online: control.online,
+            consent: control.consent,
+            critical: false,
             asked: None,
             out: Vec::new(),
         }
@@ -334,7 +351,11 @@ impl Machine {
                 wall_ms,
                 pending,
                 flush_at,
-            } => self.tick(now_ms, wall_ms, pending, flush_at),
+                critical,
+            } => {
+                self.critical = critical;
+                self.tick(now_ms, wall_ms, pending, flush_at)
+            }
             Input::Batch { events, wall_ms } => self.batch(events, wall_ms),
             Input::Answer {
                 now_ms,
@@ -363,6 +384,7 @@ impl Machine {
     fn tick(&mut self, now: u64, wall_ms: i64, pending: u64, flush_at_reached: bool) {
         match self.mode.clone() {
             Mode::Disabled => self.rest(DeliveryState::Disabled, None),
+            Mode::Deferred(reason) => self.rest(DeliveryState::Deferred { reason }, None),
             Mode::Offline => self.rest(DeliveryState::Offline, None),
             Mode::Paused { reason, failure } => self.rest(
                 DeliveryState::Paused {
@@ -395,7 +417,7 @@ impl Machine {
             }
             Mode::Idle => {
                 let flush_at = !self.suppress_flush_at && flush_at_reached;
-                if pending > 0 && (flush_at || now >= self.next_periodic_ms) {
+                if pending > 0 && (flush_at || self.critical || now >= self.next_periodic_ms) {
                     self.start_drain(now);
                     return;
                 }
@@ -461,16 +483,31 @@ impl Machine {
                 self.start_drain(now);
             }
         }
-        if c.enabled_changed {
+        if c.enabled_changed || c.consent_changed {
             self.release_work();
             self.fresh_episode();
-            self.mode = if c.enabled {
-                self.resting_mode()
-            } else {
+            if c.consent_changed && c.consent == Consent::Denied {
+                // After the release: what came back from the batch in flight goes too.
+                self.out.push(Action::DiscardForConsent);
+            }
+            let granted_now = c.consent_changed
+                && c.consent == Consent::Granted
+                && self.consent != Consent::Granted;
+            self.consent = c.consent;
+            self.mode = if !c.enabled || c.consent == Consent::Denied {
                 Mode::Disabled
+            } else if c.consent == Consent::Pending {
+                Mode::Deferred(DeferReason::Consent)
+            } else if granted_now && c.online && self.pause.is_none() {
+                // The backlog kept while consent was pending goes out now, not at the next
+                // periodic flush.
+                self.start_drain(now);
+                Mode::Draining
+            } else {
+                self.resting_mode()
             };
         }
-        if matches!(self.mode, Mode::Disabled) {
+        if matches!(self.mode, Mode::Disabled | Mode::Deferred(_)) {
             return;
         }
         if c.online_changed {
@@ -553,7 +590,10 @@ impl Machine {
     fn drain_step(&mut self, now: u64, wall_ms: i64) {
         if let Some(last) = self.last_send_ms {
             let ready_at = last + self.policy.min_batch_interval_ms;
-            if now < ready_at && self.policy.min_batch_interval_ms > 0 {
+            // A critical event skips the throttle: the next batch (it goes first in it) is asked
+            // for now.
+            let critical_next = self.critical && self.work.is_empty();
+            if now < ready_at && self.policy.min_batch_interval_ms > 0 && !critical_next {
                 if self.probing.is_none() {
                     self.publish(DeliveryState::Sending, None);
                 }

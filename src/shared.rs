@@ -38,6 +38,9 @@ pub struct Control {
     /// failure episode, as a reconnect does.
     pub foreground: bool,
     pub foreground_changed: bool,
+    /// Tracking consent ([`crate::Consent`]); its changes are an edge like `enabled`'s.
+    pub consent: crate::Consent,
+    pub consent_changed: bool,
     pub shutdown: bool,
 }
 
@@ -55,6 +58,8 @@ impl Default for Control {
             api_key_changed: false,
             foreground: true,
             foreground_changed: false,
+            consent: crate::Consent::Granted,
+            consent_changed: false,
             shutdown: false,
         }
     }
@@ -88,6 +93,12 @@ pub struct Shared {
     pub wake: tokio::sync::Notify,
     /// Set by `track()` when `flush_at` is reached, so only the first such call wakes the worker.
     pub flush_at_reached: AtomicBool,
+    /// Set by `track()` for a critical event (README §Critical lane): the worker starts a drain
+    /// at once and skips the throttle; it clears this before it assembles the next batch, which
+    /// then holds the critical events first.
+    pub critical_waiting: AtomicBool,
+    /// Tracking consent as `track()` checks it; the worker learns changes through `control`.
+    pub consent: Mutex<crate::Consent>,
     pub enabled: AtomicBool,
     pub state: Mutex<StateCell>,
     pub state_changed: Condvar,
@@ -137,6 +148,7 @@ impl Shared {
         c.resume = false;
         c.api_key_changed = false;
         c.foreground_changed = false;
+        c.consent_changed = false;
         snapshot
     }
 

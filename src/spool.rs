@@ -10,13 +10,14 @@ use futures_util::FutureExt;
 
 use crate::clock::{Clock, SystemClock};
 use crate::config::{Config, Durability};
+use crate::consent::Consent;
 use crate::error::{ConfigError, Error, Result};
-use crate::event::{self, EventId, NewEvent, QueuedEvent};
+use crate::event::{self, EventId, NewEvent, Priority, QueuedEvent};
 use crate::observers::{ObserverHandle, Observers};
 use crate::quarantine::{ListFilter, QuarantinedEvent, Selector};
 use crate::queue::{Queue, QueueParams};
 use crate::shared::{Control, Ledger, Shared, StateCell, lock};
-use crate::state::{DeliveryObserver, DeliveryState, DeliveryStatus, Notice};
+use crate::state::{DeferReason, DeliveryObserver, DeliveryState, DeliveryStatus, Notice};
 use crate::stats::{Entry, Stats};
 use crate::transport::Transport;
 #[cfg(feature = "reqwest")]
@@ -85,6 +86,9 @@ struct Handle {
     /// `shutdown()` takes it exclusively once, after setting `closed`, so its final persist
     /// sees every event a `track()` returned `Ok` for.
     admission: parking_lot::RwLock<()>,
+    /// Serializes `set_consent` calls, so the store's record, the flag `track()` checks and the
+    /// worker's view end in the same state.
+    consent_verb: Mutex<()>,
 }
 
 /// The spool. See the crate documentation for the life of an event.
@@ -166,6 +170,9 @@ impl EventSpool {
                 None,
             ),
         };
+        // What the app last decided outlives a restart; the config only says where a fresh
+        // store (or a memory-only spool) starts.
+        let consent = queue.stored_consent()?.unwrap_or(config.consent);
         let (shutdown, _) = tokio::sync::watch::channel(false);
         let shared = Arc::new(Shared {
             api_key: Mutex::new(config.api_key.clone()),
@@ -176,16 +183,22 @@ impl EventSpool {
             next_seq: AtomicU64::new(next_seq),
             control: Mutex::new(Control {
                 online: b.online,
+                consent,
                 ..Control::default()
             }),
             wake: tokio::sync::Notify::new(),
             flush_at_reached: AtomicBool::new(false),
+            critical_waiting: AtomicBool::new(false),
+            consent: Mutex::new(consent),
             enabled: AtomicBool::new(true),
             state: Mutex::new(StateCell {
-                state: if b.online {
-                    DeliveryState::Idle
-                } else {
-                    DeliveryState::Offline
+                state: match consent {
+                    Consent::Denied => DeliveryState::Disabled,
+                    Consent::Pending => DeliveryState::Deferred {
+                        reason: DeferReason::Consent,
+                    },
+                    Consent::Granted if b.online => DeliveryState::Idle,
+                    Consent::Granted => DeliveryState::Offline,
                 },
                 retry_deadline_ms: None,
                 last_published: None,
@@ -262,6 +275,7 @@ impl EventSpool {
                 spiller: Mutex::new(spiller),
                 closed: AtomicBool::new(false),
                 admission: parking_lot::RwLock::new(()),
+                consent_verb: Mutex::new(()),
             }),
         })
     }
@@ -277,21 +291,25 @@ impl EventSpool {
         self.track_event(NewEvent::new(name, properties))
     }
 
-    /// Records an event with any of its optional fields set by the caller.
+    /// Records an event with any of its optional fields set by the caller. A critical event
+    /// ([`Priority::Critical`]) is in the store before this returns, as with `durability =
+    /// always` (memory-only spools have no store: it is queued first in memory), and starts a
+    /// drain at once (README §Critical lane).
     pub fn track_event(&self, event: NewEvent) -> Result<EventId> {
+        let critical = event.priority == Priority::Critical;
         let accepted = {
             let _admitted = self.handle.admission.read_recursive();
             self.check_accepting()?;
             let queued = self.prepare(&event)?;
             let id = queued.id;
-            self.accept(std::iter::once(queued), 1)
+            self.accept(std::iter::once(queued), 1, critical)
                 .map(|()| id)
                 .map_err(|reason| Error::NotDurable {
                     event_ids: vec![id],
                     reason,
                 })
         };
-        if self.shared().config.durability == Durability::Always {
+        if critical || self.shared().config.durability == Durability::Always {
             // A refused commit made on this thread is told once the call let go of every lock.
             self.shared().deliver_notices();
         }
@@ -325,7 +343,9 @@ impl EventSpool {
         let ids: Vec<EventId> = prepared.iter().map(|q| q.id).collect();
         let n = prepared.len() as u64;
         let s = self.shared();
-        if s.config.durability == Durability::Spill {
+        // A batch holding a critical event is committed whole before the call returns.
+        let critical = prepared.iter().any(|q| q.critical);
+        if s.config.durability == Durability::Spill && !(critical && s.queue.has_store()) {
             if s.queue.has_store() {
                 let first = s.queue.push_batch_spilling(prepared)?;
                 self.wake_if_due(first);
@@ -339,7 +359,7 @@ impl EventSpool {
                 )));
             }
         }
-        match self.accept(prepared, n) {
+        match self.accept(prepared, n, critical) {
             Ok(()) => Ok(ids),
             Err(reason) => Err(Error::NotDurable {
                 event_ids: ids,
@@ -355,6 +375,9 @@ impl EventSpool {
         if !self.shared().enabled.load(Ordering::Relaxed) {
             return Err(Error::Disabled);
         }
+        if *lock(&self.shared().consent) == Consent::Denied {
+            return Err(Error::ConsentDenied);
+        }
         Ok(())
     }
 
@@ -368,13 +391,14 @@ impl EventSpool {
         )
     }
 
-    /// Queues validated events and wakes the worker when a flush trigger is reached. The events
-    /// are queued either way; `Err` (only with `durability = always`) says why they are not in
-    /// the store.
+    /// Queues validated events and wakes the worker when a flush trigger is reached, or at once
+    /// for a critical event. The events are queued either way; `Err` (only with `durability =
+    /// always` or a critical event) says why they are not in the store.
     fn accept(
         &self,
         events: impl IntoIterator<Item = QueuedEvent>,
         n: u64,
+        critical: bool,
     ) -> std::result::Result<(), String> {
         let s = self.shared();
         if n == 0 {
@@ -383,16 +407,21 @@ impl EventSpool {
         // The first pending event arms the worker's periodic flush (an idle worker with nothing
         // to send sleeps without a deadline).
         let first = s.counters.entered(Entry::Tracked, n) == 0;
-        let durable = match s.config.durability {
-            Durability::Spill => {
-                for event in events {
-                    s.queue.push(event);
-                }
-                Ok(())
+        let durably = s.config.durability == Durability::Always || critical;
+        let durable = if durably && s.queue.has_store() {
+            s.queue.push_durably(events)
+        } else {
+            for event in events {
+                s.queue.push(event);
             }
-            Durability::Always => s.queue.push_durably(events),
+            Ok(())
         };
-        self.wake_if_due(first);
+        if critical {
+            s.critical_waiting.store(true, Ordering::SeqCst);
+            s.wake.notify_one();
+        } else {
+            self.wake_if_due(first);
+        }
         durable
     }
 
@@ -474,6 +503,43 @@ impl EventSpool {
                 c.enabled_changed = true;
             }
         });
+    }
+
+    /// Tracking consent (README §Consent). `Pending`: events are recorded and stored, nothing
+    /// is sent (state `Deferred{Consent}`). `Granted`: the backlog and everything after are
+    /// sent. `Denied`: everything kept for the user (queue and quarantine) is deleted, counted
+    /// `consent_denied`, never sent, and `track()` returns [`Error::ConsentDenied`]; a batch
+    /// already in flight was sent under the consent before. The state is recorded in the store
+    /// before this returns, so it holds after a restart (a memory-only spool starts from the
+    /// `consent` setting at each open). When it returns `Ok` after `Denied`, no event a
+    /// `track()` returned `Ok` for is left queued (except a batch in flight, whose events the
+    /// worker deletes if they come back unanswered).
+    pub fn set_consent(&self, consent: Consent) -> Result<()> {
+        if self.handle.closed.load(Ordering::Relaxed) {
+            return Err(Error::ShutDown);
+        }
+        let _one_at_a_time = lock(&self.handle.consent_verb);
+        let s = self.shared();
+        s.queue.store_consent(consent)?;
+        *lock(&s.consent) = consent;
+        if consent == Consent::Denied {
+            // Waits for the track() calls already past their consent check, so their events
+            // are queued before the discard below; every later call sees `Denied`.
+            drop(self.handle.admission.write());
+            s.queue.discard_for_consent()?;
+        }
+        s.control(|c| {
+            if c.consent != consent {
+                c.consent = consent;
+                c.consent_changed = true;
+            }
+        });
+        Ok(())
+    }
+
+    /// The tracking consent in force.
+    pub fn consent(&self) -> Consent {
+        *lock(&self.shared().consent)
     }
 
     /// Deletes every queued event (memory and store) that is not in flight; returns how many.

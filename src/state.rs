@@ -33,6 +33,22 @@ impl PauseReason {
     }
 }
 
+/// Why delivery waits although it could send: a condition the app set, not a failure. Exhaustive
+/// on purpose, like [`PauseReason`]: each reason tells the user something else.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeferReason {
+    /// Tracking consent is `pending`: events are kept, nothing is sent until it is granted.
+    Consent,
+}
+
+impl DeferReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeferReason::Consent => "consent",
+        }
+    }
+}
+
 /// Not `#[non_exhaustive]`, on purpose: the states are the contract a UI renders
 /// (docs/delivery.md §States), and a UI that switches over them, here or through the bindings,
 /// must fail to compile when a state is added rather than show nothing for it.
@@ -66,8 +82,12 @@ pub enum DeliveryState {
         reason: PauseReason,
         last_error: Failure,
     },
-    /// `set_enabled(false)`: the user opted out.
+    /// `set_enabled(false)`, or consent `denied`: the user opted out.
     Disabled,
+    /// Events are kept but not sent until the condition clears (consent `pending`).
+    Deferred {
+        reason: DeferReason,
+    },
 }
 
 impl DeliveryState {
@@ -81,6 +101,7 @@ impl DeliveryState {
             DeliveryState::Offline => "offline",
             DeliveryState::Paused { .. } => "paused",
             DeliveryState::Disabled => "disabled",
+            DeliveryState::Deferred { .. } => "deferred",
         }
     }
 }
@@ -137,6 +158,14 @@ impl std::fmt::Display for DeliveryStatus {
                 )
             }
             DeliveryState::Disabled => write!(f, "disabled, {} pending", self.pending),
+            DeliveryState::Deferred { reason } => {
+                write!(
+                    f,
+                    "deferred ({}), {} pending",
+                    reason.as_str(),
+                    self.pending
+                )
+            }
         }
     }
 }

@@ -25,16 +25,19 @@ pub enum DropReason {
     QuarantineCap,
     /// Quarantined longer than `quarantine_retention_ms`.
     QuarantineExpired,
+    /// Tracking consent was denied: what was kept for the user is deleted, never sent.
+    ConsentDenied,
 }
 
 impl DropReason {
-    pub const ALL: [DropReason; 6] = [
+    pub const ALL: [DropReason; 7] = [
         DropReason::MemoryOverflow,
         DropReason::DiskCap,
         DropReason::Expired,
         DropReason::Purged,
         DropReason::QuarantineCap,
         DropReason::QuarantineExpired,
+        DropReason::ConsentDenied,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -45,6 +48,7 @@ impl DropReason {
             DropReason::Purged => "purged",
             DropReason::QuarantineCap => "quarantine_cap",
             DropReason::QuarantineExpired => "quarantine_expired",
+            DropReason::ConsentDenied => "consent_denied",
         }
     }
 
@@ -152,7 +156,7 @@ pub struct Counters {
     pub store_errors: AtomicU64,
     pub stores_recovered: AtomicU64,
     pub panics: AtomicU64,
-    dropped: [AtomicU64; 6],
+    dropped: [AtomicU64; 7],
     /// Shared by moves, exclusive for a snapshot.
     gate: parking_lot::RwLock<()>,
 }

@@ -43,12 +43,15 @@ enum In {
     Online(bool),
     Enabled(bool),
     Foreground(bool),
+    SetConsent(Consent),
     Shutdown,
     // The driver's turn: 3 events pending; `flush_at` reached; nothing pending; `ms` later.
     Tick,
     TickFlushAt,
     TickEmpty,
     TickAfter(u64),
+    /// 3 pending, a critical event among them tracked since the last batch was taken.
+    TickCritical,
     /// A turn at the retry or probe time the machine set.
     Fire,
     // The queue's answer: a batch of n events, or nothing.
@@ -103,6 +106,7 @@ impl Rig {
         app.resume = false;
         app.api_key_changed = false;
         app.foreground_changed = false;
+        app.consent_changed = false;
         app.shutdown = false;
         self.m.feed(Input::Control {
             verbs,
@@ -111,11 +115,16 @@ impl Rig {
     }
 
     fn tick(&mut self, pending: u64, flush_at: bool) -> Vec<Action> {
+        self.tick_with(pending, flush_at, false)
+    }
+
+    fn tick_with(&mut self, pending: u64, flush_at: bool, critical: bool) -> Vec<Action> {
         self.m.feed(Input::Tick {
             now_ms: self.now,
             wall_ms: self.wall(),
             pending,
             flush_at,
+            critical,
         })
     }
 
@@ -132,6 +141,7 @@ impl Rig {
                     accepted_ms: WALL0,
                     sends: 0,
                     unanswered: 0,
+                    critical: false,
                 };
                 (event, seq.is_multiple_of(2))
             })
@@ -180,8 +190,13 @@ impl Rig {
                 c.foreground_changed = c.foreground != *on;
                 c.foreground = *on;
             }),
+            SetConsent(consent) => self.verb(|c| {
+                c.consent_changed = c.consent != *consent;
+                c.consent = *consent;
+            }),
             Shutdown => self.verb(|c| c.shutdown = true),
             Tick => self.tick(3, false),
+            TickCritical => self.tick_with(3, false, true),
             TickFlushAt => self.tick(3, true),
             TickEmpty => self.tick(0, false),
             TickAfter(ms) => {
@@ -268,6 +283,7 @@ impl Rig {
             }
             Action::DropExpired(events) => format!("drop expired {}", events.len()),
             Action::Release(events) => format!("release {}", events.len()),
+            Action::DiscardForConsent => "discard for consent".into(),
             Action::Stop => "stop".into(),
         }
     }
@@ -292,6 +308,7 @@ impl Rig {
             Mode::Paused { reason, .. } => format!("paused {}", reason.as_str()),
             Mode::Offline => "offline".into(),
             Mode::Disabled => "disabled".into(),
+            Mode::Deferred(reason) => format!("deferred {}", reason.as_str()),
         }
     }
 }
@@ -1106,4 +1123,175 @@ fn age_and_interval() {
         row(then(waiting(), &[Fire]), Tick, &["send 3 #5"], "probing"),
     ];
     assert_eq!(drive(spaced, &rows), 3);
+}
+
+fn consent_pending() -> Vec<In> {
+    vec![SetConsent(Consent::Pending)]
+}
+
+/// README §Consent: `pending` defers every send (whatever the network, `flush_at` or the
+/// timer), `granted` sends the backlog at once, `denied` disables and discards what was kept,
+/// after giving back what was in flight.
+#[test]
+fn consent_row_by_row() {
+    let rows = [
+        row(
+            idle(),
+            SetConsent(Consent::Pending),
+            &[],
+            "deferred consent",
+        ),
+        row(
+            consent_pending(),
+            Tick,
+            &["publish deferred", "wait"],
+            "deferred consent",
+        ),
+        row(
+            consent_pending(),
+            TickFlushAt,
+            &["publish deferred", "wait"],
+            "deferred consent",
+        ),
+        row(
+            consent_pending(),
+            TickAfter(3_600_000),
+            &["publish deferred", "wait"],
+            "deferred consent",
+        ),
+        row(
+            consent_pending(),
+            TickCritical,
+            &["publish deferred", "wait"],
+            "deferred consent",
+        ),
+        row(consent_pending(), Flush, &[], "deferred consent"),
+        row(consent_pending(), RetryNow, &[], "deferred consent"),
+        // Going offline and back while pending changes nothing that is shown.
+        row(consent_pending(), Online(false), &[], "deferred consent"),
+        row(
+            then(consent_pending(), &[Online(false)]),
+            Online(true),
+            &[],
+            "deferred consent",
+        ),
+        // Pending ── granted ──▶ Sending: the backlog goes now.
+        row(
+            consent_pending(),
+            SetConsent(Consent::Granted),
+            &["flush_at seen"],
+            "sending",
+        ),
+        row(
+            then(consent_pending(), &[SetConsent(Consent::Granted)]),
+            Tick,
+            &["next batch <=524224"],
+            "sending",
+        ),
+        // Granted while offline: rest offline, send on reconnect.
+        row(
+            then(consent_pending(), &[Online(false)]),
+            SetConsent(Consent::Granted),
+            &[],
+            "offline",
+        ),
+        // Pending ── denied ──▶ Disabled, what was kept discarded.
+        row(
+            consent_pending(),
+            SetConsent(Consent::Denied),
+            &["discard for consent"],
+            "disabled",
+        ),
+        // Sending ── denied ──▶ the batch comes back first, then everything goes.
+        row(
+            sending(3),
+            SetConsent(Consent::Denied),
+            &["release 3", "discard for consent"],
+            "disabled",
+        ),
+        row(
+            sending(3),
+            SetConsent(Consent::Pending),
+            &["release 3"],
+            "deferred consent",
+        ),
+        row(
+            retry(1),
+            SetConsent(Consent::Pending),
+            &["release 3"],
+            "deferred consent",
+        ),
+        row(
+            then(consent_pending(), &[SetConsent(Consent::Denied)]),
+            Tick,
+            &["publish disabled", "wait"],
+            "disabled",
+        ),
+        // Denied ── granted ──▶ sending again; set_enabled(true) alone does not undo a denial.
+        row(
+            then(consent_pending(), &[SetConsent(Consent::Denied)]),
+            SetConsent(Consent::Granted),
+            &["flush_at seen"],
+            "sending",
+        ),
+        row(
+            then(consent_pending(), &[SetConsent(Consent::Denied)]),
+            Enabled(true),
+            &[],
+            "disabled",
+        ),
+        // Opted out and pending: the opt-out wins until it is lifted, then pending holds.
+        row(
+            then(disabled(), &[SetConsent(Consent::Pending)]),
+            Tick,
+            &["publish disabled", "wait"],
+            "disabled",
+        ),
+        row(
+            then(disabled(), &[SetConsent(Consent::Pending)]),
+            Enabled(true),
+            &[],
+            "deferred consent",
+        ),
+    ];
+    assert_eq!(drive(policy(), &rows), rows.len());
+}
+
+/// README §Critical lane: a critical event starts a drain without `flush_at` or the timer, and
+/// the next batch is asked for without the throttle; a backoff still holds.
+#[test]
+fn critical_lane_row_by_row() {
+    let throttled = Policy {
+        min_batch_interval_ms: 1000,
+        ..policy()
+    };
+    let after_one = then(sending(3), &[Status(200)]);
+    let rows = [
+        row(idle(), TickCritical, &["flush_at seen"], "sending"),
+        row(
+            after_one.clone(),
+            Tick,
+            &["publish sending", "wait +1000"],
+            "sending",
+        ),
+        row(
+            after_one.clone(),
+            TickCritical,
+            &["next batch <=524224"],
+            "sending",
+        ),
+        row(
+            then(sending(3), &[Status(503)]),
+            TickCritical,
+            &["publish retry_scheduled 1/3 +1000", "wait +1000"],
+            "retry_scheduled 1 +1000",
+        ),
+        row(
+            offline(),
+            TickCritical,
+            &["publish offline", "wait"],
+            "offline",
+        ),
+    ];
+    assert_eq!(drive(throttled, &rows), rows.len());
 }

@@ -3,6 +3,8 @@
 
 mod common;
 mod concurrency;
+mod consent;
+mod critical;
 #[path = "../support/episode.rs"]
 mod episode;
 mod event_record;

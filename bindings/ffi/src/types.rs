@@ -32,6 +32,61 @@ pub enum PauseReason {
     Config,
 }
 
+/// Why delivery waits although it could send.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, uniffi::Enum)]
+pub enum DeferReason {
+    /// Tracking consent is pending: events are kept, nothing is sent until `set_consent(Granted)`.
+    Consent,
+}
+
+/// Tracking consent (README §Consent).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, uniffi::Enum)]
+pub enum Consent {
+    /// Record and store events, send nothing (the app asks the user first).
+    Pending,
+    /// Send the backlog and everything after.
+    Granted,
+    /// Delete what was kept (counted `consent_denied`) and refuse new events.
+    Denied,
+}
+
+impl From<Consent> for eventspool::Consent {
+    fn from(c: Consent) -> Self {
+        match c {
+            Consent::Pending => eventspool::Consent::Pending,
+            Consent::Granted => eventspool::Consent::Granted,
+            Consent::Denied => eventspool::Consent::Denied,
+        }
+    }
+}
+
+impl From<eventspool::Consent> for Consent {
+    fn from(c: eventspool::Consent) -> Self {
+        match c {
+            eventspool::Consent::Pending => Consent::Pending,
+            eventspool::Consent::Granted => Consent::Granted,
+            eventspool::Consent::Denied => Consent::Denied,
+        }
+    }
+}
+
+/// The lane an event travels in (README §Critical lane).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, uniffi::Enum)]
+pub enum Priority {
+    Normal,
+    /// Durable before `track_event` returns, sent before the normal backlog, evicted last.
+    Critical,
+}
+
+impl From<Priority> for eventspool::Priority {
+    fn from(p: Priority) -> Self {
+        match p {
+            Priority::Normal => eventspool::Priority::Normal,
+            Priority::Critical => eventspool::Priority::Critical,
+        }
+    }
+}
+
 /// docs/delivery.md §States, as a UI renders it.
 #[derive(Clone, Debug, PartialEq, Eq, uniffi::Enum)]
 pub enum DeliveryState {
@@ -64,6 +119,10 @@ pub enum DeliveryState {
         last_error: AttemptFailure,
     },
     Disabled,
+    /// Events are kept and not sent until the condition clears (consent pending).
+    Deferred {
+        reason: DeferReason,
+    },
 }
 
 /// The state plus how many events are not delivered yet.
@@ -114,6 +173,11 @@ impl From<&eventspool::DeliveryStatus> for DeliveryStatus {
                 last_error: last_error.into(),
             },
             S::Disabled => DeliveryState::Disabled,
+            S::Deferred { reason } => DeliveryState::Deferred {
+                reason: match reason {
+                    eventspool::DeferReason::Consent => DeferReason::Consent,
+                },
+            },
         };
         DeliveryStatus {
             state,
@@ -232,6 +296,9 @@ pub struct NewEvent {
     pub timestamp: Option<String>,
     #[uniffi(default)]
     pub session_id: Option<String>,
+    /// Normal when absent.
+    #[uniffi(default)]
+    pub priority: Option<Priority>,
 }
 
 /// An event the collector refused for good.

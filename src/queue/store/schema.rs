@@ -7,7 +7,7 @@
 use rusqlite::{Connection, OptionalExtension};
 
 /// The version this build writes.
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// Stands, in a step, for the wall clock at the upgrade (ms since the epoch, UTC): [`migrate`]
 /// writes it in as an integer literal before the step runs.
@@ -56,6 +56,16 @@ const MIGRATIONS: &[&str] = &[
     -- Kept so a redriven event still tells the collector it was sent before; reason gains
     -- max_sends (no answer after max_event_sends requests).
     ALTER TABLE quarantine ADD COLUMN sends INTEGER NOT NULL DEFAULT 0;",
+    // 2 → 3: the critical lane and the store's own settings. `lane` orders delivery before the
+    // timestamp (0 critical, 1 normal: README §Critical lane); the disk cap evicts lane 1 first.
+    // Earlier rows are all normal. `meta` holds what the app decided and must outlive a restart
+    // (`consent`: README §Consent), one row per name.
+    "ALTER TABLE events ADD COLUMN lane INTEGER NOT NULL DEFAULT 1;  -- 0 critical, 1 normal
+    CREATE INDEX events_by_lane_order ON events(lane, ts, seq);
+    CREATE TABLE meta (
+        name  TEXT PRIMARY KEY,            -- consent
+        value TEXT NOT NULL
+    );",
 ];
 
 /// Why an existing file cannot be used as a store.
@@ -219,6 +229,14 @@ mod tests {
             .query_row("SELECT value FROM counters", [], |r| r.get(0))
             .unwrap();
         assert_eq!(n, 3);
+        let lane: i64 = conn
+            .query_row("SELECT lane FROM events", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(lane, 1, "an old row is in the normal lane");
+        let meta: i64 = conn
+            .query_row("SELECT count(*) FROM meta", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(meta, 0, "no consent recorded by an upgrade");
         // A second open finds nothing to do.
         assert_eq!(inspect(&conn).unwrap().unwrap(), SCHEMA_VERSION);
         migrate(&mut conn, SCHEMA_VERSION, 0).unwrap();

@@ -36,8 +36,8 @@ pub struct StoreStatus {
     pub quarantine: BTreeMap<String, u64>,
     /// Persisted drop counters, by reason (without the `dropped.` prefix).
     pub dropped: BTreeMap<String, u64>,
-    /// Tracking consent as the app last set it (README §Consent); `None` when it never did
-    /// (the spool's `consent` setting applies) or the store predates consent.
+    /// Tracking consent as recorded (README §Consent); `None` for a store that predates it and
+    /// was not opened by a spool since.
     pub consent: Option<crate::Consent>,
     /// Of `pending`, the events in the critical lane (README §Critical lane).
     pub pending_critical: u64,

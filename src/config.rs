@@ -106,9 +106,9 @@ macro_rules! config_table {
                 /// `"spill"` (default) or `"always"` (needs `db_path`).
                 durability: Durability = Durability::Spill, ffi String, plain;
                 allow_insecure_http: bool = false, ffi bool, plain;
-                /// Consent when the store has none recorded (a memory-only spool: at every
-                /// open): `"granted"` (default), `"pending"` or `"denied"`. Once the app calls
-                /// `set_consent`, the store's record wins over this.
+                /// Consent a store without a record starts in, and records (a memory-only
+                /// spool: at every open): `"granted"` (default), `"pending"` or `"denied"`. From
+                /// then on the store's record (changed by `set_consent`) wins over this.
                 consent: Consent = Consent::Granted, ffi String, plain;
             }
         }

@@ -170,9 +170,17 @@ impl EventSpool {
                 None,
             ),
         };
-        // What the app last decided outlives a restart; the config only says where a fresh
-        // store (or a memory-only spool) starts.
-        let consent = queue.stored_consent()?.unwrap_or(config.consent);
+        // What the app last decided outlives a restart; the config only says where a store
+        // without a record (or a memory-only spool) starts, and that start is recorded at once:
+        // events kept under `pending` are never sent because a later config says `granted`,
+        // only after `set_consent(Granted)`.
+        let consent = match queue.stored_consent()? {
+            Some(recorded) => recorded,
+            None => {
+                queue.store_consent(config.consent)?;
+                config.consent
+            }
+        };
         let (shutdown, _) = tokio::sync::watch::channel(false);
         let shared = Arc::new(Shared {
             api_key: Mutex::new(config.api_key.clone()),

@@ -10,8 +10,8 @@ use crate::{CmdResult, EXIT_OK, Failure, print_json};
 
 pub const HELP: &str = "\
 Prints {\"db\",\"pending\",\"pending_critical\",\"bytes\",\"oldest\",\"newest\",\"consent\",
-\"quarantine\":{reason:n},\"dropped\":{reason:n}}. `consent` is what the app last set (pending,
-granted, denied), or null when it never set one.
+\"quarantine\":{reason:n},\"dropped\":{reason:n}}. `consent` is the recorded tracking consent (pending,
+granted, denied; null for a store written before consent existed).
 Opens the store read-only without its owner lock, so it works (and disturbs nothing) while an
 app or `eventspool send` is using the store.
 

@@ -36,6 +36,11 @@ pub struct StoreStatus {
     pub quarantine: BTreeMap<String, u64>,
     /// Persisted drop counters, by reason (without the `dropped.` prefix).
     pub dropped: BTreeMap<String, u64>,
+    /// Tracking consent as recorded (README §Consent); `None` for a store that predates it and
+    /// was not opened by a spool since.
+    pub consent: Option<crate::Consent>,
+    /// Of `pending`, the events in the critical lane (README §Critical lane).
+    pub pending_critical: u64,
 }
 
 /// Opens an existing store read-only and checks it is one of ours; every error names the file.
@@ -105,7 +110,33 @@ fn status_of(tx: &rusqlite::Transaction<'_>, path: &Path) -> Result<StoreStatus>
     .into_iter()
     .map(|(k, v)| (k.trim_start_matches("dropped.").to_string(), v))
     .collect();
+    // A store of an older schema (read-only: never upgraded here) has neither.
+    let has = |table: &str, column: &str| -> Result<bool> {
+        let n: i64 = tx.query_row(
+            "SELECT count(*) FROM pragma_table_info(?1) WHERE name = ?2",
+            [table, column],
+            |r| r.get(0),
+        )?;
+        Ok(n > 0)
+    };
+    let consent = if has("meta", "value")? {
+        pairs_text(tx, "SELECT name, value FROM meta WHERE name = 'consent'")?
+            .values()
+            .next()
+            .and_then(|v| crate::Consent::from_name(v))
+    } else {
+        None
+    };
+    let pending_critical: i64 = if has("events", "lane")? {
+        tx.query_row("SELECT count(*) FROM events WHERE lane = 0", [], |r| {
+            r.get(0)
+        })?
+    } else {
+        0
+    };
     Ok(StoreStatus {
+        consent,
+        pending_critical: pending_critical as u64,
         pending: pending as u64,
         bytes: crate::queue::disk_usage(path),
         oldest_ms,
@@ -113,6 +144,12 @@ fn status_of(tx: &rusqlite::Transaction<'_>, path: &Path) -> Result<StoreStatus>
         quarantine,
         dropped,
     })
+}
+
+fn pairs_text(conn: &Connection, sql: &str) -> Result<BTreeMap<String, String>> {
+    let mut stmt = conn.prepare(sql)?;
+    let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
 }
 
 fn pairs(conn: &Connection, sql: &str) -> Result<BTreeMap<String, u64>> {

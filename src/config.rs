@@ -6,6 +6,7 @@
 
 use std::path::PathBuf;
 
+use crate::consent::Consent;
 use crate::error::ConfigError;
 
 const KIB: u64 = 1024;
@@ -117,6 +118,10 @@ macro_rules! config_table {
                 deliver_on_low_power: bool = false, ffi bool, plain;
                 /// Deliver on a low battery; `false` defers as `Deferred{battery_low}`.
                 deliver_on_battery_low: bool = false, ffi bool, plain;
+                /// Consent a store without a record starts in, and records (a memory-only
+                /// spool: at every open): `"granted"` (default), `"pending"` or `"denied"`. From
+                /// then on the store's record (changed by `set_consent`) wins over this.
+                consent: Consent = Consent::Granted, ffi String, plain;
             }
         }
     };
@@ -463,11 +468,18 @@ mod tests {
                 | "deliver_on_metered"
                 | "deliver_on_low_power"
                 | "deliver_on_battery_low" => "true",
+                "consent" => "pending",
                 _ => "7",
             };
             c.set(name, value).unwrap_or_else(|e| panic!("{name}: {e}"));
         }
         assert_eq!((c.max_auto_attempts, c.max_event_sends), (7, 7));
+        assert_eq!(c.consent, Consent::Pending);
+        let e = c.set("consent", "maybe").unwrap_err();
+        assert!(
+            e.to_string().contains("consent") && e.to_string().contains("maybe"),
+            "{e}"
+        );
     }
 
     #[test]

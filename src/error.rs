@@ -43,6 +43,10 @@ pub enum Error {
     Disabled,
     #[error("the spool is shut down")]
     ShutDown,
+    /// Tracking consent is `denied`: nothing is recorded until the app sets it to `pending` or
+    /// `granted` again.
+    #[error("tracking consent is denied: the event was not recorded")]
+    ConsentDenied,
     /// The SQLite store failed; the text says which operation.
     #[error("storage: {0}")]
     Storage(String),

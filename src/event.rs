@@ -41,6 +41,45 @@ impl std::fmt::Display for EventId {
     }
 }
 
+/// Which lane an event travels in (README §Critical lane). Critical events are durable before
+/// `track()` returns, skip `flush_at` and the throttle, go before the normal backlog and are
+/// evicted last at the disk cap; within each lane the order is the timestamp's.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Priority {
+    #[default]
+    Normal,
+    /// A crash report, a purchase: must not wait behind a backlog.
+    Critical,
+}
+
+impl Priority {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Priority::Normal => "normal",
+            Priority::Critical => "critical",
+        }
+    }
+
+    /// The priority named by [`Priority::as_str`]; the error names the value.
+    pub fn parse(text: &str) -> Result<Priority> {
+        match text {
+            "normal" => Ok(Priority::Normal),
+            "critical" => Ok(Priority::Critical),
+            _ => Err(Error::InvalidEvent(format!(
+                "priority '{}' is not one of: normal, critical",
+                truncate(text, 32)
+            ))),
+        }
+    }
+}
+
+/// The delivery order: lane (critical first), timestamp, then `track()` order.
+pub type OrderKey = (u8, i64, u64);
+
+/// The lane number stored with an event: critical events sort first.
+pub const LANE_CRITICAL: u8 = 0;
+pub const LANE_NORMAL: u8 = 1;
+
 /// An event with every optional field the caller may set (idempotent producers pass their own
 /// `event_id`; importers pass historical timestamps).
 #[derive(Clone, Debug, Default)]
@@ -51,9 +90,17 @@ pub struct NewEvent {
     /// RFC 3339; any offset is accepted and normalized to UTC milliseconds.
     pub timestamp: Option<String>,
     pub session_id: Option<String>,
+    /// Normal (default) or critical (README §Critical lane).
+    pub priority: Priority,
 }
 
 impl NewEvent {
+    /// The same event in the critical lane.
+    pub fn critical(mut self) -> NewEvent {
+        self.priority = Priority::Critical;
+        self
+    }
+
     /// Validates the event as `track()` would and returns its wire JSON (docs/protocol.md
     /// §Events), recording nothing: what a tool checks a file of events with before sending any
     /// of it. `now_ms` (wall clock, Unix ms) is the timestamp when the event has none.
@@ -71,7 +118,8 @@ impl NewEvent {
 }
 
 /// One event as a line of JSON, the input format of `eventspool send` and of batch tracking
-/// through the bindings: `{"name", "properties"?, "timestamp"?, "event_id"?, "session_id"?}`.
+/// through the bindings: `{"name", "properties"?, "timestamp"?, "event_id"?, "session_id"?,
+/// "priority"?}`.
 /// Unknown fields are refused, so a typo (`"propeties"`) is an error, not a silent loss.
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -82,6 +130,8 @@ struct JsonLine {
     timestamp: Option<String>,
     event_id: Option<String>,
     session_id: Option<String>,
+    /// `"normal"` (default) or `"critical"`.
+    priority: Option<String>,
 }
 
 fn empty_object() -> Value {
@@ -99,6 +149,10 @@ impl NewEvent {
             event_id: parsed.event_id,
             timestamp: parsed.timestamp,
             session_id: parsed.session_id,
+            priority: match parsed.priority {
+                Some(p) => Priority::parse(&p)?,
+                None => Priority::Normal,
+            },
         })
     }
 
@@ -133,12 +187,23 @@ pub struct QueuedEvent {
     /// Of those, the ones that got no answer (timeout, connection dropped): the effect is
     /// unknown. Past `max_event_sends` the event is isolated and quarantined (`max_sends`).
     pub unanswered: u32,
+    /// In the critical lane (README §Critical lane): delivered before the normal backlog.
+    pub critical: bool,
 }
 
 impl QueuedEvent {
-    /// The delivery order of docs/protocol.md §Request: timestamp, then `track()` order.
-    pub fn key(&self) -> (i64, u64) {
-        (self.ts_ms, self.seq)
+    /// The delivery order of docs/protocol.md §Request within a lane: timestamp, then `track()`
+    /// order; the critical lane goes first.
+    pub fn key(&self) -> OrderKey {
+        (self.lane(), self.ts_ms, self.seq)
+    }
+
+    pub fn lane(&self) -> u8 {
+        if self.critical {
+            LANE_CRITICAL
+        } else {
+            LANE_NORMAL
+        }
     }
 
     pub fn bytes(&self) -> u64 {
@@ -251,6 +316,7 @@ pub fn prepare(
         accepted_ms: now_ms,
         sends: 0,
         unanswered: 0,
+        critical: event.priority == Priority::Critical,
     })
 }
 

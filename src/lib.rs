@@ -22,6 +22,7 @@ pub mod admin;
 pub mod classify;
 pub(crate) mod clock;
 pub(crate) mod config;
+mod consent;
 pub(crate) mod error;
 pub(crate) mod event;
 mod fleet;
@@ -46,8 +47,9 @@ pub use clock::{Clock, Sleep, SystemClock};
 #[doc(hidden)]
 pub use config::redacted_key;
 pub use config::{CONFIG_NAMES, Compression, Config, Durability, SettingValue};
+pub use consent::Consent;
 pub use error::{ConfigError, Error, Result};
-pub use event::{EventId, NewEvent, format_timestamp};
+pub use event::{EventId, NewEvent, Priority, format_timestamp};
 pub use observers::ObserverHandle;
 /// The `reason` a quarantined event carries (`Selector::Reason` takes one).
 pub use quarantine::reason as quarantine_reason;

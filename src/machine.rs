@@ -26,6 +26,7 @@ use std::collections::VecDeque;
 
 use crate::classify::{Failure, Outcome};
 use crate::config::{BATCH_OVERHEAD_BYTES, Config};
+use crate::consent::Consent;
 use crate::event::{QueuedEvent, SendNote};
 use crate::quarantine::reason;
 use crate::retry::{AfterFailure, Episode, after_failure, next_delay_ms, probe_delay_ms};
@@ -127,12 +128,14 @@ pub enum Input {
     /// ([`crate::shared::Shared::take_control`]), at `now_ms`.
     Control { verbs: Control, now_ms: u64 },
     /// The driver's turn (also after a timer fired): the monotonic and wall clocks, the events
-    /// pending, and whether `flush_at` was reached since the last drain started.
+    /// pending, whether `flush_at` was reached since the last drain started, and whether a
+    /// critical event was tracked since the last batch was assembled.
     Tick {
         now_ms: u64,
         wall_ms: i64,
         pending: u64,
         flush_at: bool,
+        critical: bool,
     },
     /// The answer to [`Action::NextBatch`] / [`Action::ProbeBatch`]: the batch the queue leased,
     /// in delivery order, or `None` when it is empty. `wall_ms` is read after it was taken.
@@ -212,6 +215,9 @@ pub enum Action {
     Release(Events),
     /// The bounded drain `id` ended this way: hand it to its caller.
     DrainDone { id: u64, outcome: DrainOutcome },
+    /// Consent was denied: delete every queued event and dead letter (README §Consent), after
+    /// any [`Action::Release`] before it.
+    DiscardForConsent,
     /// Shutdown: the worker ends.
     Stop,
 }
@@ -238,7 +244,8 @@ enum Mode {
     },
     Offline,
     Disabled,
-    /// The device's conditions forbid delivery (see [`Policy::defer_reason`]).
+    /// Delivery waits for a condition, not a failure: consent `pending`, or the device's
+    /// conditions by the policy (see [`Policy::defer_reason`]).
     Deferred {
         reason: DeferReason,
     },
@@ -334,6 +341,11 @@ pub struct Machine {
     drained: bool,
     /// The monotonic time of the last input that carried one.
     now_ms: u64,
+    /// Tracking consent: `Pending` defers every send, `Denied` disables.
+    consent: Consent,
+    /// A critical event waits (the last [`Input::Tick`] said so): a drain starts at once and
+    /// the throttle before a new batch is skipped.
+    critical: bool,
     asked: Option<Asked>,
     /// A client report waits with no event to carry it (see [`Input::Fleet`]).
     report_due: bool,
@@ -350,8 +362,12 @@ impl Machine {
     /// (`control` is a peek: its edges are still to be fed).
     pub fn new(policy: Policy, jitter: Jitter, now_ms: u64, control: &Control) -> Machine {
         let deferred = policy.defer_reason(&control.conditions);
-        let mode = if !control.enabled {
+        let mode = if !control.enabled || control.consent == Consent::Denied {
             Mode::Disabled
+        } else if control.consent == Consent::Pending {
+            Mode::Deferred {
+                reason: DeferReason::Consent,
+            }
         } else if !control.online {
             Mode::Offline
         } else if let Some(reason) = deferred {
@@ -382,6 +398,8 @@ impl Machine {
             drains: Vec::new(),
             drained: false,
             now_ms,
+            consent: control.consent,
+            critical: false,
             asked: None,
             report_due: false,
             report_only: false,
@@ -406,7 +424,11 @@ impl Machine {
                 wall_ms,
                 pending,
                 flush_at,
-            } => self.tick(now_ms, wall_ms, pending, flush_at),
+                critical,
+            } => {
+                self.critical = critical;
+                self.tick(now_ms, wall_ms, pending, flush_at)
+            }
             Input::Fleet {
                 now_ms,
                 report_due,
@@ -547,9 +569,11 @@ impl Machine {
             Mode::Idle => {
                 let flush_at = !self.suppress_flush_at && flush_at_reached;
                 let periodic = now >= self.next_periodic_ms;
-                // An open drain is an explicit trigger (after a dismiss() too).
+                // An open drain is an explicit trigger (after a dismiss() too), and so is a
+                // critical event waiting.
                 let drain_open = !self.drains.is_empty();
-                let events_due = pending > 0 && (flush_at || periodic || drain_open);
+                let events_due =
+                    pending > 0 && (flush_at || periodic || drain_open || self.critical);
                 let report_alone = !events_due && self.report_due && periodic;
                 if drain_open || events_due || report_alone {
                     // With no event to carry it, the report goes alone (see `batch`).
@@ -642,16 +666,39 @@ impl Machine {
                 self.resume_sending(now);
             }
         }
-        if c.enabled_changed {
+        if c.enabled_changed || c.consent_changed {
             self.release_work();
             self.fresh_episode();
-            self.mode = if c.enabled {
-                self.resting_mode()
-            } else {
+            if c.consent_changed && c.consent == Consent::Denied {
+                // After the release: what came back from the batch in flight goes too.
+                self.out.push(Action::DiscardForConsent);
+            }
+            let granted_now = c.consent_changed
+                && c.consent == Consent::Granted
+                && self.consent != Consent::Granted;
+            self.consent = c.consent;
+            self.mode = if !c.enabled || c.consent == Consent::Denied {
                 Mode::Disabled
+            } else if c.consent == Consent::Pending {
+                Mode::Deferred {
+                    reason: DeferReason::Consent,
+                }
+            } else if granted_now && c.online && self.pause.is_none() && self.deferred.is_none() {
+                // The backlog kept while consent was pending goes out now, not at the next
+                // periodic flush.
+                self.start_drain(now);
+                Mode::Draining
+            } else {
+                self.resting_mode()
             };
         }
-        if matches!(self.mode, Mode::Disabled) {
+        if matches!(
+            self.mode,
+            Mode::Disabled
+                | Mode::Deferred {
+                    reason: DeferReason::Consent
+                }
+        ) {
             return;
         }
         if c.online_changed {
@@ -724,6 +771,10 @@ impl Machine {
 
     /// Leaves a pause or goes back online: sends, unless the conditions defer delivery.
     fn resume_sending(&mut self, now: u64) {
+        if self.consent != Consent::Granted {
+            self.mode = self.resting_mode();
+            return;
+        }
         match self.deferred {
             Some(reason) => self.mode = Mode::Deferred { reason },
             None => self.start_drain(now),
@@ -740,10 +791,18 @@ impl Machine {
         self.probes_failed = 0;
     }
 
-    /// Where the machine rests when nothing is being sent: offline, paused, deferred, or idle,
-    /// in that precedence (docs/delivery.md §States).
+    /// Where the machine rests when nothing is being sent: disabled (consent denied), deferred
+    /// for consent, offline, paused, deferred by the device's conditions, or idle, in that
+    /// precedence (docs/delivery.md §States).
     fn resting_mode(&self) -> Mode {
-        if !self.online {
+        if self.consent == Consent::Denied {
+            Mode::Disabled
+        } else if self.consent == Consent::Pending {
+            // Consent pending wins over offline: the user is asked first, whatever the network.
+            Mode::Deferred {
+                reason: DeferReason::Consent,
+            }
+        } else if !self.online {
             Mode::Offline
         } else if let Some((reason, failure)) = &self.pause {
             Mode::Paused {
@@ -769,7 +828,10 @@ impl Machine {
     fn drain_step(&mut self, now: u64, wall_ms: i64) {
         if let Some(last) = self.last_send_ms {
             let ready_at = last + self.policy.min_batch_interval_ms;
-            if now < ready_at && self.policy.min_batch_interval_ms > 0 {
+            // A critical event skips the throttle: the next batch (it goes first in it) is asked
+            // for now.
+            let critical_next = self.critical && self.work.is_empty();
+            if now < ready_at && self.policy.min_batch_interval_ms > 0 && !critical_next {
                 if self.probing.is_none() {
                     self.publish(DeliveryState::Sending, None);
                 }

@@ -46,6 +46,9 @@ pub struct Control {
     pub conditions: DeliveryConditions,
     /// Bounded drains asked for since the worker last looked (`deliver_within`).
     pub drains: Vec<DrainRequest>,
+    /// Tracking consent ([`crate::Consent`]); its changes are an edge like `enabled`'s.
+    pub consent: crate::Consent,
+    pub consent_changed: bool,
     pub shutdown: bool,
 }
 
@@ -73,6 +76,8 @@ impl Default for Control {
             foreground_changed: false,
             conditions: DeliveryConditions::default(),
             drains: Vec::new(),
+            consent: crate::Consent::Granted,
+            consent_changed: false,
             shutdown: false,
         }
     }
@@ -108,6 +113,12 @@ pub struct Shared {
     pub wake: tokio::sync::Notify,
     /// Set by `track()` when `flush_at` is reached, so only the first such call wakes the worker.
     pub flush_at_reached: AtomicBool,
+    /// Set by `track()` for a critical event (README §Critical lane): the worker starts a drain
+    /// at once and skips the throttle; it clears this before it assembles the next batch, which
+    /// then holds the critical events first.
+    pub critical_waiting: AtomicBool,
+    /// Tracking consent as `track()` checks it; the worker learns changes through `control`.
+    pub consent: Mutex<crate::Consent>,
     pub enabled: AtomicBool,
     pub state: Mutex<StateCell>,
     pub state_changed: Condvar,
@@ -176,6 +187,7 @@ impl Shared {
         c.api_key_changed = false;
         c.foreground_changed = false;
         c.drains.clear();
+        c.consent_changed = false;
         snapshot
     }
 

@@ -10,15 +10,17 @@ use futures_util::FutureExt;
 
 use crate::clock::{Clock, SystemClock};
 use crate::config::{Config, Durability};
+use crate::consent::Consent;
 use crate::error::{ConfigError, Error, Result};
-use crate::event::{self, EventId, NewEvent, QueuedEvent};
+use crate::event::{self, EventId, NewEvent, Priority, QueuedEvent};
 use crate::fleet::{Fleet, Screen};
 use crate::observers::{ObserverHandle, Observers};
 use crate::quarantine::{ListFilter, QuarantinedEvent, Selector};
 use crate::queue::{Queue, QueueParams};
 use crate::shared::{Control, DrainRequest, Ledger, Shared, StateCell, lock};
 use crate::state::{
-    DeliveryConditions, DeliveryObserver, DeliveryState, DeliveryStatus, DrainOutcome, Notice,
+    DeferReason, DeliveryConditions, DeliveryObserver, DeliveryState, DeliveryStatus, DrainOutcome,
+    Notice,
 };
 use crate::stats::{DropReason, Entry, Stats};
 use crate::transport::Transport;
@@ -88,6 +90,9 @@ struct Handle {
     /// `shutdown()` takes it exclusively once, after setting `closed`, so its final persist
     /// sees every event a `track()` returned `Ok` for.
     admission: parking_lot::RwLock<()>,
+    /// Serializes `set_consent` calls, so the store's record, the flag `track()` checks and the
+    /// worker's view end in the same state.
+    consent_verb: Mutex<()>,
 }
 
 /// The spool. See the crate documentation for the life of an event.
@@ -175,6 +180,17 @@ impl EventSpool {
             config.retry_after_cap_ms,
             clock.wall_ms(),
         );
+        // What the app last decided outlives a restart; the config only says where a store
+        // without a record (or a memory-only spool) starts, and that start is recorded at once:
+        // events kept under `pending` are never sent because a later config says `granted`,
+        // only after `set_consent(Granted)`.
+        let consent = match queue.stored_consent()? {
+            Some(recorded) => recorded,
+            None => {
+                queue.store_consent(config.consent)?;
+                config.consent
+            }
+        };
         let (shutdown, _) = tokio::sync::watch::channel(false);
         let shared = Arc::new(Shared {
             fleet,
@@ -186,16 +202,22 @@ impl EventSpool {
             next_seq: AtomicU64::new(next_seq),
             control: Mutex::new(Control {
                 online: b.online,
+                consent,
                 ..Control::default()
             }),
             wake: tokio::sync::Notify::new(),
             flush_at_reached: AtomicBool::new(false),
+            critical_waiting: AtomicBool::new(false),
+            consent: Mutex::new(consent),
             enabled: AtomicBool::new(true),
             state: Mutex::new(StateCell {
-                state: if b.online {
-                    DeliveryState::Idle
-                } else {
-                    DeliveryState::Offline
+                state: match consent {
+                    Consent::Denied => DeliveryState::Disabled,
+                    Consent::Pending => DeliveryState::Deferred {
+                        reason: DeferReason::Consent,
+                    },
+                    Consent::Granted if b.online => DeliveryState::Idle,
+                    Consent::Granted => DeliveryState::Offline,
                 },
                 retry_deadline_ms: None,
                 last_published: None,
@@ -273,6 +295,7 @@ impl EventSpool {
                 spiller: Mutex::new(spiller),
                 closed: AtomicBool::new(false),
                 admission: parking_lot::RwLock::new(()),
+                consent_verb: Mutex::new(()),
             }),
         })
     }
@@ -288,8 +311,12 @@ impl EventSpool {
         self.track_event(NewEvent::new(name, properties))
     }
 
-    /// Records an event with any of its optional fields set by the caller.
+    /// Records an event with any of its optional fields set by the caller. A critical event
+    /// ([`Priority::Critical`]) is in the store before this returns, as with `durability =
+    /// always` (memory-only spools have no store: it is queued first in memory), and starts a
+    /// drain at once (README §Critical lane).
     pub fn track_event(&self, event: NewEvent) -> Result<EventId> {
+        let critical = event.priority == Priority::Critical;
         let accepted = {
             let _admitted = self.handle.admission.read_recursive();
             self.check_accepting()?;
@@ -298,14 +325,14 @@ impl EventSpool {
             if !self.screen(&event.name)? {
                 return Ok(id);
             }
-            self.accept(std::iter::once(queued), 1)
+            self.accept(std::iter::once(queued), 1, critical)
                 .map(|()| id)
                 .map_err(|reason| Error::NotDurable {
                     event_ids: vec![id],
                     reason,
                 })
         };
-        if self.shared().config.durability == Durability::Always {
+        if critical || self.shared().config.durability == Durability::Always {
             // A refused commit made on this thread is told once the call let go of every lock.
             self.shared().deliver_notices();
         }
@@ -347,7 +374,9 @@ impl EventSpool {
             .collect();
         let n = prepared.len() as u64;
         let s = self.shared();
-        if s.config.durability == Durability::Spill {
+        // A batch holding a critical event is committed whole before the call returns.
+        let critical = prepared.iter().any(|q| q.critical);
+        if s.config.durability == Durability::Spill && !(critical && s.queue.has_store()) {
             if s.queue.has_store() {
                 let first = s.queue.push_batch_spilling(prepared)?;
                 self.wake_if_due(first);
@@ -361,7 +390,7 @@ impl EventSpool {
                 )));
             }
         }
-        match self.accept(prepared, n) {
+        match self.accept(prepared, n, critical) {
             Ok(()) => Ok(ids),
             Err(reason) => Err(Error::NotDurable {
                 event_ids: ids,
@@ -398,6 +427,9 @@ impl EventSpool {
         if !self.shared().enabled.load(Ordering::Relaxed) {
             return Err(Error::Disabled);
         }
+        if *lock(&self.shared().consent) == Consent::Denied {
+            return Err(Error::ConsentDenied);
+        }
         Ok(())
     }
 
@@ -411,13 +443,14 @@ impl EventSpool {
         )
     }
 
-    /// Queues validated events and wakes the worker when a flush trigger is reached. The events
-    /// are queued either way; `Err` (only with `durability = always`) says why they are not in
-    /// the store.
+    /// Queues validated events and wakes the worker when a flush trigger is reached, or at once
+    /// for a critical event. The events are queued either way; `Err` (only with `durability =
+    /// always` or a critical event) says why they are not in the store.
     fn accept(
         &self,
         events: impl IntoIterator<Item = QueuedEvent>,
         n: u64,
+        critical: bool,
     ) -> std::result::Result<(), String> {
         let s = self.shared();
         if n == 0 {
@@ -426,16 +459,21 @@ impl EventSpool {
         // The first pending event arms the worker's periodic flush (an idle worker with nothing
         // to send sleeps without a deadline).
         let first = s.counters.entered(Entry::Tracked, n) == 0;
-        let durable = match s.config.durability {
-            Durability::Spill => {
-                for event in events {
-                    s.queue.push(event);
-                }
-                Ok(())
+        let durably = s.config.durability == Durability::Always || critical;
+        let durable = if durably && s.queue.has_store() {
+            s.queue.push_durably(events)
+        } else {
+            for event in events {
+                s.queue.push(event);
             }
-            Durability::Always => s.queue.push_durably(events),
+            Ok(())
         };
-        self.wake_if_due(first);
+        if critical {
+            s.critical_waiting.store(true, Ordering::SeqCst);
+            s.wake.notify_one();
+        } else {
+            self.wake_if_due(first);
+        }
         durable
     }
 
@@ -576,6 +614,43 @@ impl EventSpool {
                 c.enabled_changed = true;
             }
         });
+    }
+
+    /// Tracking consent (README §Consent). `Pending`: events are recorded and stored, nothing
+    /// is sent (state `Deferred{Consent}`). `Granted`: the backlog and everything after are
+    /// sent. `Denied`: everything kept for the user (queue and quarantine) is deleted, counted
+    /// `consent_denied`, never sent, and `track()` returns [`Error::ConsentDenied`]; a batch
+    /// already in flight was sent under the consent before. The state is recorded in the store
+    /// before this returns, so it holds after a restart (a memory-only spool starts from the
+    /// `consent` setting at each open). When it returns `Ok` after `Denied`, no event a
+    /// `track()` returned `Ok` for is left queued (except a batch in flight, whose events the
+    /// worker deletes if they come back unanswered).
+    pub fn set_consent(&self, consent: Consent) -> Result<()> {
+        if self.handle.closed.load(Ordering::Relaxed) {
+            return Err(Error::ShutDown);
+        }
+        let _one_at_a_time = lock(&self.handle.consent_verb);
+        let s = self.shared();
+        s.queue.store_consent(consent)?;
+        *lock(&s.consent) = consent;
+        if consent == Consent::Denied {
+            // Waits for the track() calls already past their consent check, so their events
+            // are queued before the discard below; every later call sees `Denied`.
+            drop(self.handle.admission.write());
+            s.queue.discard_for_consent()?;
+        }
+        s.control(|c| {
+            if c.consent != consent {
+                c.consent = consent;
+                c.consent_changed = true;
+            }
+        });
+        Ok(())
+    }
+
+    /// The tracking consent in force.
+    pub fn consent(&self) -> Consent {
+        *lock(&self.shared().consent)
     }
 
     /// Deletes every queued event (memory and store) that is not in flight; returns how many.

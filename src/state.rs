@@ -34,8 +34,8 @@ impl PauseReason {
     }
 }
 
-/// Why delivery waits for better conditions (`DeliveryState::Deferred`). Exhaustive, like
-/// [`DeliveryState`]: a UI words each one differently ("waiting for Wi-Fi").
+/// Why delivery waits although it could send: a condition, not a failure. Exhaustive on purpose,
+/// like [`DeliveryState`]: a UI words each one differently ("waiting for Wi-Fi").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DeferReason {
     /// The network is metered and `deliver_on_metered` is false.
@@ -44,6 +44,8 @@ pub enum DeferReason {
     LowPower,
     /// The battery is low and `deliver_on_battery_low` is false.
     BatteryLow,
+    /// Tracking consent is `pending`: events are kept, nothing is sent until it is granted.
+    Consent,
 }
 
 impl DeferReason {
@@ -52,6 +54,7 @@ impl DeferReason {
             DeferReason::Metered => "metered",
             DeferReason::LowPower => "low_power",
             DeferReason::BatteryLow => "battery_low",
+            DeferReason::Consent => "consent",
         }
     }
 
@@ -61,6 +64,7 @@ impl DeferReason {
             DeferReason::Metered => "metered network",
             DeferReason::LowPower => "power saving",
             DeferReason::BatteryLow => "battery low",
+            DeferReason::Consent => "consent",
         }
     }
 }
@@ -127,10 +131,11 @@ pub enum DeliveryState {
         reason: PauseReason,
         last_error: Failure,
     },
-    /// `set_enabled(false)`: the user opted out.
+    /// `set_enabled(false)`, or consent `denied`: the user opted out.
     Disabled,
-    /// The device's conditions (metered network, power saving, low battery) forbid delivery by
-    /// the config's policy: no attempt, no retry budget spent, until they allow it again.
+    /// Delivery waits for a condition, not a failure: the device's conditions (metered network,
+    /// power saving, low battery) forbid it by the config's policy, or consent is `pending`. No
+    /// attempt, no retry budget spent, until it clears.
     Deferred {
         reason: DeferReason,
     },

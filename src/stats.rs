@@ -30,10 +30,12 @@ pub enum DropReason {
     Sampled,
     /// Refused at `track()` by a collector's `drop_names` directive (never queued).
     NameDropped,
+    /// Tracking consent was denied: what was kept for the user is deleted, never sent.
+    ConsentDenied,
 }
 
 impl DropReason {
-    pub const ALL: [DropReason; 8] = [
+    pub const ALL: [DropReason; 9] = [
         DropReason::MemoryOverflow,
         DropReason::DiskCap,
         DropReason::Expired,
@@ -42,6 +44,7 @@ impl DropReason {
         DropReason::QuarantineExpired,
         DropReason::Sampled,
         DropReason::NameDropped,
+        DropReason::ConsentDenied,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -54,6 +57,7 @@ impl DropReason {
             DropReason::QuarantineExpired => "quarantine_expired",
             DropReason::Sampled => "sampled",
             DropReason::NameDropped => "name_dropped",
+            DropReason::ConsentDenied => "consent_denied",
         }
     }
 

@@ -73,6 +73,7 @@ impl Worker {
                 wall_ms: self.s.clock.wall_ms(),
                 pending: self.s.counters.pending(),
                 flush_at: self.s.flush_at_reached.load(Ordering::SeqCst),
+                critical: self.s.critical_waiting.load(Ordering::SeqCst),
             };
             let actions = self.machine.feed(tick);
             if !self.perform(actions).await {
@@ -101,6 +102,9 @@ impl Worker {
                     None
                 }
                 Action::NextBatch { room_bytes } => {
+                    // Cleared before the queue is read: a critical event tracked from here on
+                    // sets it again and gets its own turn, one tracked before is in this batch.
+                    self.s.critical_waiting.store(false, Ordering::SeqCst);
                     self.expire_queue();
                     let events = self.assemble(room_bytes);
                     // A refused spill (`durability = always`) is told now that the spill lock is free.
@@ -149,6 +153,12 @@ impl Worker {
                 }
                 Action::DrainDone { id, outcome } => {
                     self.s.finish_drain(id, outcome);
+                    None
+                }
+                Action::DiscardForConsent => {
+                    if let Err(e) = self.s.queue.discard_for_consent() {
+                        tracing::error!(error = %e, "could not delete the events kept before consent was denied");
+                    }
                     None
                 }
             };

@@ -47,6 +47,7 @@ enum In {
     Online(bool),
     Enabled(bool),
     Foreground(bool),
+    SetConsent(Consent),
     // The device's conditions (`set_conditions`), one at a time; the others keep their value.
     Metered(bool),
     LowPower(bool),
@@ -59,6 +60,8 @@ enum In {
     TickFlushAt,
     TickEmpty,
     TickAfter(u64),
+    /// 3 pending, a critical event among them tracked since the last batch was taken.
+    TickCritical,
     TickEmptyAfter(u64),
     // The fleet loop: a client report waits with nothing else to send; a collector's
     // `pause_until` this many ms ahead.
@@ -120,6 +123,7 @@ impl Rig {
         app.resume = false;
         app.api_key_changed = false;
         app.foreground_changed = false;
+        app.consent_changed = false;
         app.drains.clear();
         app.shutdown = false;
         self.m.feed(Input::Control {
@@ -129,11 +133,16 @@ impl Rig {
     }
 
     fn tick(&mut self, pending: u64, flush_at: bool) -> Vec<Action> {
+        self.tick_with(pending, flush_at, false)
+    }
+
+    fn tick_with(&mut self, pending: u64, flush_at: bool, critical: bool) -> Vec<Action> {
         self.m.feed(Input::Tick {
             now_ms: self.now,
             wall_ms: self.wall(),
             pending,
             flush_at,
+            critical,
         })
     }
 
@@ -150,6 +159,7 @@ impl Rig {
                     accepted_ms: WALL0,
                     sends: 0,
                     unanswered: 0,
+                    critical: false,
                 };
                 (event, seq.is_multiple_of(2))
             })
@@ -209,8 +219,13 @@ impl Rig {
                 self.next_drain += 1;
                 self.verb(|c| c.drains.push(request))
             }
+            SetConsent(consent) => self.verb(|c| {
+                c.consent_changed = c.consent != *consent;
+                c.consent = *consent;
+            }),
             Shutdown => self.verb(|c| c.shutdown = true),
             Tick => self.tick(3, false),
+            TickCritical => self.tick_with(3, false, true),
             TickFlushAt => self.tick(3, true),
             TickEmpty => self.tick(0, false),
             TickAfter(ms) => {
@@ -312,6 +327,7 @@ impl Rig {
             }
             Action::DropExpired(events) => format!("drop expired {}", events.len()),
             Action::Release(events) => format!("release {}", events.len()),
+            Action::DiscardForConsent => "discard for consent".into(),
             Action::DrainDone { id, outcome } => {
                 let what = match outcome {
                     DrainOutcome::Drained => "drained".to_string(),
@@ -1583,4 +1599,175 @@ fn bounded_drain() {
         ),
     ];
     assert_eq!(drive(spaced, &rows), 3);
+}
+
+fn consent_pending() -> Vec<In> {
+    vec![SetConsent(Consent::Pending)]
+}
+
+/// README §Consent: `pending` defers every send (whatever the network, `flush_at` or the
+/// timer), `granted` sends the backlog at once, `denied` disables and discards what was kept,
+/// after giving back what was in flight.
+#[test]
+fn consent_row_by_row() {
+    let rows = [
+        row(
+            idle(),
+            SetConsent(Consent::Pending),
+            &[],
+            "deferred consent",
+        ),
+        row(
+            consent_pending(),
+            Tick,
+            &["publish deferred consent", "wait"],
+            "deferred consent",
+        ),
+        row(
+            consent_pending(),
+            TickFlushAt,
+            &["publish deferred consent", "wait"],
+            "deferred consent",
+        ),
+        row(
+            consent_pending(),
+            TickAfter(3_600_000),
+            &["publish deferred consent", "wait"],
+            "deferred consent",
+        ),
+        row(
+            consent_pending(),
+            TickCritical,
+            &["publish deferred consent", "wait"],
+            "deferred consent",
+        ),
+        row(consent_pending(), Flush, &[], "deferred consent"),
+        row(consent_pending(), RetryNow, &[], "deferred consent"),
+        // Going offline and back while pending changes nothing that is shown.
+        row(consent_pending(), Online(false), &[], "deferred consent"),
+        row(
+            then(consent_pending(), &[Online(false)]),
+            Online(true),
+            &[],
+            "deferred consent",
+        ),
+        // Pending ── granted ──▶ Sending: the backlog goes now.
+        row(
+            consent_pending(),
+            SetConsent(Consent::Granted),
+            &["flush_at seen"],
+            "sending",
+        ),
+        row(
+            then(consent_pending(), &[SetConsent(Consent::Granted)]),
+            Tick,
+            &["next batch <=524224"],
+            "sending",
+        ),
+        // Granted while offline: rest offline, send on reconnect.
+        row(
+            then(consent_pending(), &[Online(false)]),
+            SetConsent(Consent::Granted),
+            &[],
+            "offline",
+        ),
+        // Pending ── denied ──▶ Disabled, what was kept discarded.
+        row(
+            consent_pending(),
+            SetConsent(Consent::Denied),
+            &["discard for consent"],
+            "disabled",
+        ),
+        // Sending ── denied ──▶ the batch comes back first, then everything goes.
+        row(
+            sending(3),
+            SetConsent(Consent::Denied),
+            &["release 3", "discard for consent"],
+            "disabled",
+        ),
+        row(
+            sending(3),
+            SetConsent(Consent::Pending),
+            &["release 3"],
+            "deferred consent",
+        ),
+        row(
+            retry(1),
+            SetConsent(Consent::Pending),
+            &["release 3"],
+            "deferred consent",
+        ),
+        row(
+            then(consent_pending(), &[SetConsent(Consent::Denied)]),
+            Tick,
+            &["publish disabled", "wait"],
+            "disabled",
+        ),
+        // Denied ── granted ──▶ sending again; set_enabled(true) alone does not undo a denial.
+        row(
+            then(consent_pending(), &[SetConsent(Consent::Denied)]),
+            SetConsent(Consent::Granted),
+            &["flush_at seen"],
+            "sending",
+        ),
+        row(
+            then(consent_pending(), &[SetConsent(Consent::Denied)]),
+            Enabled(true),
+            &[],
+            "disabled",
+        ),
+        // Opted out and pending: the opt-out wins until it is lifted, then pending holds.
+        row(
+            then(disabled(), &[SetConsent(Consent::Pending)]),
+            Tick,
+            &["publish disabled", "wait"],
+            "disabled",
+        ),
+        row(
+            then(disabled(), &[SetConsent(Consent::Pending)]),
+            Enabled(true),
+            &[],
+            "deferred consent",
+        ),
+    ];
+    assert_eq!(drive(policy(), &rows), rows.len());
+}
+
+/// README §Critical lane: a critical event starts a drain without `flush_at` or the timer, and
+/// the next batch is asked for without the throttle; a backoff still holds.
+#[test]
+fn critical_lane_row_by_row() {
+    let throttled = Policy {
+        min_batch_interval_ms: 1000,
+        ..policy()
+    };
+    let after_one = then(sending(3), &[Status(200)]);
+    let rows = [
+        row(idle(), TickCritical, &["flush_at seen"], "sending"),
+        row(
+            after_one.clone(),
+            Tick,
+            &["publish sending", "wait +1000"],
+            "sending",
+        ),
+        row(
+            after_one.clone(),
+            TickCritical,
+            &["next batch <=524224"],
+            "sending",
+        ),
+        row(
+            then(sending(3), &[Status(503)]),
+            TickCritical,
+            &["publish retry_scheduled 1/3 +1000", "wait +1000"],
+            "retry_scheduled 1 +1000",
+        ),
+        row(
+            offline(),
+            TickCritical,
+            &["publish offline", "wait"],
+            "offline",
+        ),
+    ];
+    assert_eq!(drive(throttled, &rows), rows.len());
 }

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::event::{EventId, QueuedEvent, SendNote};
+use crate::event::{EventId, LANE_NORMAL, OrderKey, QueuedEvent, SendNote};
 
 /// The spill queue holds at most `max(memory_capacity, SPILL_BACKLOG_MIN)` events. A burst faster
 /// than SQLite can commit (hundreds of thousands of events a second) is absorbed up to there;
@@ -15,7 +15,7 @@ pub const SPILL_BACKLOG_MIN: usize = 10_000;
 #[derive(Default)]
 pub struct MemoryBuffer {
     /// Waiting to be sent, in delivery order.
-    queued: BTreeMap<(i64, u64), QueuedEvent>,
+    queued: BTreeMap<OrderKey, QueuedEvent>,
     /// Overflow handed to the spiller, oldest first; not yet in the store. The delivery worker
     /// reads it as part of memory (see [`MemoryBuffer::peek`]), so a batch never waits for the
     /// whole spill backlog to be written first.
@@ -45,7 +45,7 @@ impl MemoryBuffer {
         self.queued.insert(event.key(), event);
         let mut overflow = Overflow::default();
         while self.queued.len() > capacity {
-            let Some((_, oldest)) = self.queued.pop_first() else {
+            let Some(oldest) = self.pop_evictable() else {
                 break;
             };
             if spill_enabled {
@@ -59,10 +59,30 @@ impl MemoryBuffer {
         if self.spill.len() > ceiling {
             self.sort_spill();
             let excess = self.spill.len() - ceiling;
-            self.spill.drain(..excess);
+            // The oldest normal events go first; critical ones only when nothing else is left.
+            let mut left = excess;
+            self.spill.retain(|e| {
+                let drop = left > 0 && !e.critical;
+                left -= usize::from(drop);
+                !drop
+            });
+            self.spill.drain(..left);
             overflow.dropped += excess as u64;
         }
         overflow
+    }
+
+    /// The event that leaves memory first when it is full (to the spill, or dropped): the
+    /// oldest of the normal lane, and a critical one only when no normal event is left
+    /// (README §Critical lane: critical events are evicted last).
+    fn pop_evictable(&mut self) -> Option<QueuedEvent> {
+        let key = self
+            .queued
+            .range((LANE_NORMAL, i64::MIN, 0)..)
+            .next()
+            .or_else(|| self.queued.first_key_value())
+            .map(|(k, _)| *k)?;
+        self.queued.remove(&key)
     }
 
     /// How many events memory can take now without dropping any: the room left in the queue
@@ -81,7 +101,7 @@ impl MemoryBuffer {
         for event in events {
             self.queued.insert(event.key(), event);
             while self.queued.len() > capacity {
-                let Some((_, oldest)) = self.queued.pop_first() else {
+                let Some(oldest) = self.pop_evictable() else {
                     break;
                 };
                 spill_started |= self.spill.is_empty();
@@ -156,7 +176,7 @@ impl MemoryBuffer {
             self.queued.insert(event.key(), event);
         }
         let mut dropped = 0;
-        while self.queued.len() > max && self.queued.pop_first().is_some() {
+        while self.queued.len() > max && self.pop_evictable().is_some() {
             dropped += 1;
         }
         dropped
@@ -206,7 +226,7 @@ impl MemoryBuffer {
 
     /// Moves these events (queued or waiting to spill) into the in-flight set.
     /// Returns the seqs of those it found. The caller already holds copies to send.
-    pub fn lease(&mut self, keys: &[(i64, u64)]) -> Vec<u64> {
+    pub fn lease(&mut self, keys: &[OrderKey]) -> Vec<u64> {
         let mut out = Vec::with_capacity(keys.len());
         let mut in_spill = Vec::new();
         for key in keys {
@@ -322,6 +342,11 @@ impl MemoryBuffer {
 mod tests {
     use super::*;
 
+    /// Timestamp and seq: the order within a lane.
+    fn ts_seq(e: &QueuedEvent) -> (i64, u64) {
+        (e.ts_ms, e.seq)
+    }
+
     fn ev(ts: i64, seq: u64) -> QueuedEvent {
         QueuedEvent {
             ts_ms: ts,
@@ -331,6 +356,7 @@ mod tests {
             accepted_ms: ts,
             sends: 0,
             unanswered: 0,
+            critical: false,
         }
     }
 
@@ -341,11 +367,8 @@ mod tests {
             b.push(ev(ts, seq), 3, true);
         }
         let spilled = b.take_spill(usize::MAX);
-        assert_eq!(
-            spilled.iter().map(QueuedEvent::key).collect::<Vec<_>>(),
-            [(10, 2)]
-        );
-        let order: Vec<_> = b.peek(10, true).map(QueuedEvent::key).collect();
+        assert_eq!(spilled.iter().map(ts_seq).collect::<Vec<_>>(), [(10, 2)]);
+        let order: Vec<_> = b.peek(10, true).map(ts_seq).collect();
         assert_eq!(order, [(10, 4), (20, 3), (30, 1)]);
     }
 
@@ -369,20 +392,23 @@ mod tests {
             b.push(ev(ts, seq), 2, true);
         }
         assert_eq!(b.spill_len(), 4);
-        let order: Vec<_> = b.peek(10, true).map(QueuedEvent::key).collect();
+        let order: Vec<_> = b.peek(10, true).map(ts_seq).collect();
         assert_eq!(order, [(1, 3), (3, 5), (5, 1), (7, 4), (8, 6), (9, 2)]);
         assert_eq!(b.peek(2, true).count(), 2);
         // A batch may take events straight from the spill queue: they leave it.
-        assert_eq!(b.lease(&[(1, 3), (7, 4)]).len(), 2);
+        assert_eq!(
+            b.lease(&[(LANE_NORMAL, 1, 3), (LANE_NORMAL, 7, 4)]).len(),
+            2
+        );
         assert_eq!(b.spill_len(), 2);
         // The spiller takes the oldest first, a bounded number at a time.
-        let first: Vec<_> = b.take_spill(1).iter().map(QueuedEvent::key).collect();
+        let first: Vec<_> = b.take_spill(1).iter().map(ts_seq).collect();
         assert_eq!(first, [(3, 5)]);
         // A released event returns to the queue; expiry reaches the spill queue too: (1,3) and
         // (8,6) queued, (5,1) waiting to spill; the in-flight (7,4) is not touched.
         b.release(&[3]);
         assert_eq!(b.expire(9).len(), 3);
-        let left: Vec<_> = b.peek(10, true).map(QueuedEvent::key).collect();
+        let left: Vec<_> = b.peek(10, true).map(ts_seq).collect();
         assert_eq!(left, [(9, 2)]);
         assert_eq!(b.len(), 2, "(9,2) and the in-flight (7,4)");
     }
@@ -393,7 +419,7 @@ mod tests {
         for i in 0..4 {
             b.push(ev(i, i as u64), 10, true);
         }
-        let leased = b.lease(&[(0, 0), (1, 1)]);
+        let leased = b.lease(&[(LANE_NORMAL, 0, 0), (LANE_NORMAL, 1, 1)]);
         assert_eq!(leased.len(), 2);
         assert_eq!(b.queued_len(), 2);
         let (moved, copies) = b.take_for_persist();
@@ -424,7 +450,7 @@ mod tests {
         let events = b.take_unstored();
         assert_eq!(events.len(), 6);
         assert_eq!(b.keep_refused(events, 4), 2, "the two oldest go");
-        let order: Vec<_> = b.peek(10, false).map(QueuedEvent::key).collect();
+        let order: Vec<_> = b.peek(10, false).map(ts_seq).collect();
         assert_eq!(order, [(2, 2), (3, 3), (4, 4), (5, 5)]);
         b.push_spill(ev(9, 9));
         assert_eq!(

@@ -7,14 +7,14 @@ use crate::error::Result;
 impl Queue {
     pub fn fleet_get(&self, name: &str) -> Result<Option<String>> {
         match &self.store {
-            Some(store) => store.fleet_get(name),
+            Some(store) => store.meta(name),
             None => Ok(None),
         }
     }
 
     pub fn fleet_put(&self, name: &str, value: &str) -> Result<()> {
         match &self.store {
-            Some(store) => store.fleet_put(name, value),
+            Some(store) => store.set_meta(name, value),
             None => Ok(()),
         }
     }

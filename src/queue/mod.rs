@@ -740,6 +740,50 @@ impl Queue {
         Ok(n)
     }
 
+    /// Consent denied (README §Consent): deletes every queued event not in flight, in memory
+    /// and in the store, and the whole quarantine, leaving none of the user's data in the file;
+    /// counts the queued ones `consent_denied` and returns how many. Events in flight were sent
+    /// while consent was granted; what comes back unanswered is discarded by the next call.
+    pub fn discard_for_consent(&self) -> Result<u64> {
+        let _guard = self.spill_lock.lock();
+        let mut n = self.memory().clear();
+        // Counted before the store is touched: a store error must not hide what memory lost.
+        self.counters.drop(DropReason::ConsentDenied, n);
+        let dead = match &self.store {
+            Some(store) => {
+                let (queued, quarantined) = store.discard_for_consent()?;
+                self.counters.drop(DropReason::ConsentDenied, queued);
+                n += queued;
+                quarantined
+            }
+            None => lock(&self.memory_quarantine).take(&Selector::All).len() as u64,
+        };
+        tracing::info!(
+            events = n,
+            dead_letters = dead,
+            "consent denied: kept events deleted"
+        );
+        Ok(n)
+    }
+
+    /// Consent as the store recorded it, if it has a store and a record.
+    pub fn stored_consent(&self) -> Result<Option<crate::Consent>> {
+        let Some(store) = &self.store else {
+            return Ok(None);
+        };
+        Ok(store
+            .meta(store::meta::CONSENT)?
+            .and_then(|v| crate::Consent::from_name(&v)))
+    }
+
+    /// Records consent in the store (nothing without one), so it holds after a restart.
+    pub fn store_consent(&self, consent: crate::Consent) -> Result<()> {
+        match &self.store {
+            Some(store) => store.set_meta(store::meta::CONSENT, consent.as_str()),
+            None => Ok(()),
+        }
+    }
+
     /// Moves quarantined events back to the queue with their original `event_id`, new seqs
     /// from `next_seq` and acceptance `wall_ms`; counts them `redriven`.
     pub fn redrive(
@@ -772,6 +816,7 @@ impl Queue {
                         accepted_ms: wall_ms,
                         sends: q.sends,
                         unanswered: 0,
+                        critical: false,
                     };
                     let overflow = self.memory().push(event, self.capacity(), false);
                     self.counters
@@ -857,6 +902,7 @@ mod tests {
             accepted_ms: ts,
             sends: 0,
             unanswered: 0,
+            critical: false,
         }
     }
 
@@ -885,7 +931,7 @@ mod tests {
         let batch: Vec<_> = q
             .next_batch(10, u64::MAX)
             .into_iter()
-            .map(|(e, from_store)| (e.key(), from_store))
+            .map(|(e, from_store)| ((e.ts_ms, e.seq), from_store))
             .collect();
         assert_eq!(
             batch,

@@ -4,6 +4,8 @@
 mod common;
 mod concurrency;
 mod conditions;
+mod consent;
+mod critical;
 mod drain;
 #[path = "../support/episode.rs"]
 mod episode;

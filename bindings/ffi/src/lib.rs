@@ -28,8 +28,9 @@ pub use foreign::{
     TransportResponse,
 };
 pub use types::{
-    AttemptFailure, DeferReason, DeliveryConditions, DeliveryState, DeliveryStatus, DrainOutcome,
-    NewEvent, PauseReason, QuarantineSelector, QuarantinedEvent, SpoolNotice, SpoolStats,
+    AttemptFailure, Consent, DeferReason, DeliveryConditions, DeliveryState, DeliveryStatus,
+    DrainOutcome, NewEvent, PauseReason, Priority, QuarantineSelector, QuarantinedEvent,
+    SpoolNotice, SpoolStats,
 };
 
 use eventspool::ConfigError;
@@ -54,6 +55,9 @@ pub enum SpoolError {
     TrackingDisabled,
     #[error("the spool is shut down")]
     ShutDown,
+    /// Tracking consent is `Denied`: nothing is recorded.
+    #[error("tracking consent is denied: the event was not recorded")]
+    ConsentDenied,
     #[error("storage: {reason}")]
     Storage { reason: String },
     /// The built-in HTTP client could not be set up; pass your own `HttpTransport`.
@@ -97,6 +101,7 @@ impl From<Error> for SpoolError {
             Error::EventTooLarge { size, limit } => SpoolError::EventTooLarge { size, limit },
             Error::Disabled => SpoolError::TrackingDisabled,
             Error::ShutDown => SpoolError::ShutDown,
+            Error::ConsentDenied => SpoolError::ConsentDenied,
             Error::Storage(reason) => SpoolError::Storage { reason },
             e @ Error::HttpClient { .. } => SpoolError::HttpClient {
                 reason: e.to_string(),
@@ -228,6 +233,12 @@ impl FromRecord<String> for Durability {
     }
 }
 
+impl FromRecord<String> for eventspool::Consent {
+    fn from_record(name: &str, value: String) -> Result<Self, ConfigError> {
+        SettingValue::parse(name, &value)
+    }
+}
+
 /// The spool an app holds for its lifetime. Every method returns at once (none waits on the
 /// network) except `shutdown` and `wait_drained`, which wait at most as long as told.
 /// `shutdown` (or Kotlin `close()`/`use {}`, or dropping it in Swift/Python) stops delivery,
@@ -322,11 +333,12 @@ impl EventSpool {
             event_id: None,
             timestamp: None,
             session_id: None,
+            priority: None,
         })
     }
 
     /// Records many events in one call, all or none: `events_jsonl` holds one JSON object per
-    /// line (`{"name", "properties"?, "timestamp"?, "event_id"?, "session_id"?}`, the format of
+    /// line (`{"name", "properties"?, "timestamp"?, "event_id"?, "session_id"?, "priority"?}`, the format of
     /// `eventspool send`). A bad line is named by its number and nothing is recorded. Returns
     /// how many were recorded. Each call across the FFI costs microseconds in the generated
     /// glue, so a scripting host that tracks at a high rate batches here.
@@ -354,6 +366,7 @@ impl EventSpool {
                 event_id: event.event_id,
                 timestamp: event.timestamp,
                 session_id: event.session_id,
+                priority: event.priority.map(Into::into).unwrap_or_default(),
             };
             spool.track_event(core).map(|id| id.to_string())
         })
@@ -417,6 +430,19 @@ impl EventSpool {
     /// Opt-out: `false` stops delivery and makes `track` fail with `TrackingDisabled`.
     pub fn set_enabled(&self, enabled: bool) {
         self.verb(|core| core.set_enabled(enabled));
+    }
+
+    /// Tracking consent (README §Consent): `Pending` keeps events and sends nothing (state
+    /// `Deferred{Consent}`), `Granted` sends the backlog, `Denied` deletes what was kept and
+    /// makes `track` fail with `ConsentDenied`. Recorded in the store, so it holds after a
+    /// restart.
+    pub fn set_consent(&self, consent: Consent) -> Result<(), SpoolError> {
+        self.with_core(|core| core.set_consent(consent.into()))
+    }
+
+    /// The tracking consent in force; after `shutdown`, `ShutDown`.
+    pub fn consent(&self) -> Result<Consent, SpoolError> {
+        self.with_core(|core| Ok(core.consent().into()))
     }
 
     /// Deletes every queued event not in flight (after an opt-out); returns how many.

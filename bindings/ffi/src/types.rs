@@ -33,7 +33,8 @@ pub enum PauseReason {
     Config,
 }
 
-/// Why delivery waits for better conditions (`set_conditions` and the `deliver_on_*` config).
+/// Why delivery waits although it could send: consent pending, or the device's conditions
+/// (`set_conditions` and the `deliver_on_*` config).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, uniffi::Enum)]
 pub enum DeferReason {
     /// The network is metered and `deliver_on_metered` is false.
@@ -42,6 +43,8 @@ pub enum DeferReason {
     LowPower,
     /// The battery is low and `deliver_on_battery_low` is false.
     BatteryLow,
+    /// Tracking consent is pending: events are kept, nothing is sent until `set_consent(Granted)`.
+    Consent,
 }
 
 impl From<CoreDeferReason> for DeferReason {
@@ -50,6 +53,28 @@ impl From<CoreDeferReason> for DeferReason {
             CoreDeferReason::Metered => DeferReason::Metered,
             CoreDeferReason::LowPower => DeferReason::LowPower,
             CoreDeferReason::BatteryLow => DeferReason::BatteryLow,
+            CoreDeferReason::Consent => DeferReason::Consent,
+        }
+    }
+}
+
+/// Tracking consent (README §Consent).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, uniffi::Enum)]
+pub enum Consent {
+    /// Record and store events, send nothing (the app asks the user first).
+    Pending,
+    /// Send the backlog and everything after.
+    Granted,
+    /// Delete what was kept (counted `consent_denied`) and refuse new events.
+    Denied,
+}
+
+impl From<Consent> for eventspool::Consent {
+    fn from(c: Consent) -> Self {
+        match c {
+            Consent::Pending => eventspool::Consent::Pending,
+            Consent::Granted => eventspool::Consent::Granted,
+            Consent::Denied => eventspool::Consent::Denied,
         }
     }
 }
@@ -72,6 +97,16 @@ impl From<DeliveryConditions> for eventspool::DeliveryConditions {
             metered: c.metered,
             low_power: c.low_power,
             battery_low: c.battery_low,
+        }
+    }
+}
+
+impl From<eventspool::Consent> for Consent {
+    fn from(c: eventspool::Consent) -> Self {
+        match c {
+            eventspool::Consent::Pending => Consent::Pending,
+            eventspool::Consent::Granted => Consent::Granted,
+            eventspool::Consent::Denied => Consent::Denied,
         }
     }
 }
@@ -100,6 +135,23 @@ impl DrainOutcome {
             eventspool::DrainOutcome::Blocked { state } => DrainOutcome::Blocked {
                 status: (&eventspool::DeliveryStatus::new(state, pending)).into(),
             },
+        }
+    }
+}
+
+/// The lane an event travels in (README §Critical lane).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, uniffi::Enum)]
+pub enum Priority {
+    Normal,
+    /// Durable before `track_event` returns, sent before the normal backlog, evicted last.
+    Critical,
+}
+
+impl From<Priority> for eventspool::Priority {
+    fn from(p: Priority) -> Self {
+        match p {
+            Priority::Normal => eventspool::Priority::Normal,
+            Priority::Critical => eventspool::Priority::Critical,
         }
     }
 }
@@ -136,8 +188,9 @@ pub enum DeliveryState {
         last_error: AttemptFailure,
     },
     Disabled,
-    /// The device's conditions forbid delivery by the config's policy; it resumes by itself
-    /// when `set_conditions` says they allow it.
+    /// Events are kept and not sent until the condition clears: consent pending, or the
+    /// device's conditions forbid delivery by the config's policy (it resumes by itself when
+    /// `set_conditions` says they allow it).
     Deferred {
         reason: DeferReason,
     },
@@ -312,6 +365,9 @@ pub struct NewEvent {
     pub timestamp: Option<String>,
     #[uniffi(default)]
     pub session_id: Option<String>,
+    /// Normal when absent.
+    #[uniffi(default)]
+    pub priority: Option<Priority>,
 }
 
 /// An event the collector refused for good.

@@ -381,3 +381,69 @@ def test_deliver_within_and_conditions(collector, fast_config):
     spool.shutdown(5_000)
     with pytest.raises(SpoolError.ShutDown):
         spool.deliver_within(1_000)
+
+
+def _files_with(directory, needle):
+    hits = []
+    for path in directory.iterdir():
+        if path.is_file() and needle in path.read_bytes():
+            hits.append(path.name)
+    return hits
+
+
+def test_consent_pending_survives_a_restart_then_granted_delivers(collector, fast_config):
+    spool = EventSpool(fast_config(collector.url, consent="pending"))
+    assert spool.consent() == eventspool.Consent.PENDING
+    ids = track_many(spool, 30)
+    spool.flush()
+    assert wait_until(lambda: spool.state().pending == 30
+                      and isinstance(spool.state().state, DeliveryState.DEFERRED))
+    assert spool.state().state.reason == eventspool.DeferReason.CONSENT
+    assert "deferred (consent)" in spool.state().summary
+    spool.shutdown(5_000)
+    assert collector.stats()["requests"] == 0, "nothing sent while pending"
+
+    # The config says granted (the default); the store remembers pending.
+    again = EventSpool(fast_config(collector.url))
+    assert again.consent() == eventspool.Consent.PENDING
+    assert again.stats().restored == 30
+    again.set_consent(eventspool.Consent.GRANTED)
+    assert again.wait_drained(20_000)
+    assert collector.distinct() == 30
+    assert again.stats().delivered == len(ids)
+    again.shutdown(5_000)
+
+
+def test_consent_denied_deletes_everything_and_refuses(collector, fast_config, tmp_path):
+    spool = EventSpool(fast_config(collector.url, consent="pending", memory_capacity=5))
+    mark = "py-consent-secret-5d1c"
+    for i in range(40):
+        spool.track("private", json.dumps({"secret": f"{mark}-{i}"}))
+    spool.persist()
+    assert _files_with(tmp_path, mark.encode()), "on disk before the denial"
+    spool.set_consent(eventspool.Consent.DENIED)
+    with pytest.raises(SpoolError.ConsentDenied):
+        spool.track("after", "{}")
+    stats = spool.stats()
+    assert stats.dropped["consent_denied"] == 40 and stats.pending == 0
+    assert wait_until(lambda: isinstance(spool.state().state, DeliveryState.DISABLED))
+    spool.shutdown(5_000)
+    assert _files_with(tmp_path, mark.encode()) == [], "nothing of the user's data left"
+    assert collector.stats()["requests"] == 0
+    again = EventSpool(fast_config(collector.url))
+    assert again.consent() == eventspool.Consent.DENIED
+    again.shutdown(5_000)
+
+
+def test_critical_event_goes_before_the_backlog(collector, fast_config):
+    spool = EventSpool(fast_config(collector.url, memory_capacity=50), start_offline=True)
+    track_many(spool, 500)
+    urgent = spool.track_event(eventspool.NewEvent(
+        name="crash", properties_json="{}", priority=eventspool.Priority.CRITICAL))
+    spool.set_online(True)
+    assert spool.wait_drained(20_000)
+    assert collector.distinct() == 501
+    stats = spool.stats()
+    assert stats.delivered == 501
+    spool.shutdown(5_000)
+    assert urgent

@@ -184,6 +184,7 @@ fn stuck(status: &DeliveryStatus) -> bool {
         DeliveryState::WaitingForUser { .. }
             | DeliveryState::Paused { .. }
             | DeliveryState::Disabled
+            | DeliveryState::Deferred { .. }
     )
 }
 
@@ -251,6 +252,10 @@ fn summary(stats: &Stats, state: &DeliveryState, untracked: u64) -> Value {
         DeliveryState::Paused { reason, last_error } => {
             out["pause"] = json!(reason.as_str());
             Some(last_error)
+        }
+        DeliveryState::Deferred { reason } => {
+            out["deferred"] = json!(reason.as_str());
+            None
         }
         DeliveryState::WaitingForUser { last_error, .. }
         | DeliveryState::RetryScheduled { last_error, .. } => Some(last_error),

@@ -9,7 +9,9 @@ use serde_json::json;
 use crate::{CmdResult, EXIT_OK, Failure, print_json};
 
 pub const HELP: &str = "\
-Prints {\"db\",\"pending\",\"bytes\",\"oldest\",\"newest\",\"quarantine\":{reason:n},\"dropped\":{reason:n}}.
+Prints {\"db\",\"pending\",\"pending_critical\",\"bytes\",\"oldest\",\"newest\",\"consent\",
+\"quarantine\":{reason:n},\"dropped\":{reason:n}}. `consent` is the recorded tracking consent (pending,
+granted, denied; null for a store written before consent existed).
 Opens the store read-only without its owner lock, so it works (and disturbs nothing) while an
 app or `eventspool send` is using the store.
 
@@ -28,9 +30,11 @@ pub fn run(args: StatusArgs) -> CmdResult {
     print_json(&json!({
         "db": args.db.display().to_string(),
         "pending": status.pending,
+        "pending_critical": status.pending_critical,
         "bytes": status.bytes,
         "oldest": status.oldest_ms.map(format_timestamp),
         "newest": status.newest_ms.map(format_timestamp),
+        "consent": status.consent.map(|c| c.as_str()),
         "quarantine": status.quarantine,
         "dropped": status.dropped,
     }));

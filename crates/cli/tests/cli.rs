@@ -703,3 +703,42 @@ fn dlq_list_and_show_never_change_an_unreadable_store() {
         );
     }
 }
+
+/// `--set consent=pending`: the events are kept in the store, nothing is sent, and `send`
+/// stops at once with exit 3 and state `deferred` rather than waiting out its timeout; a
+/// critical line goes in its lane and `status` counts it.
+#[test]
+fn send_with_consent_pending_keeps_everything_and_stops() {
+    let dir = tempfile::tempdir().unwrap();
+    let collector = Collector::start(&[]);
+    let mut lines = events(20, |_| "kept".into());
+    lines.push_str("{\"name\":\"crash\",\"priority\":\"critical\"}\n");
+    let input = write_input(dir.path(), &lines);
+    let db = dir.path().join("s.db");
+    let out = run(&[
+        "send",
+        "--endpoint",
+        &collector.url,
+        "--db",
+        s(&db),
+        "--input",
+        s(&input),
+        "--set",
+        "consent=pending",
+        "--timeout",
+        "60",
+    ]);
+    assert_eq!(out.code, 3, "stdout: {} stderr: {}", out.stdout, out.stderr);
+    let summary = out.json();
+    assert_eq!(summary["state"], "deferred", "{summary}");
+    assert_eq!(summary["deferred"], "consent", "{summary}");
+    assert_eq!(summary["pending"], 21, "{summary}");
+    assert_eq!(collector.stats()["requests"], 0);
+    let status = run(&["status", "--db", s(&db)]).json();
+    assert_eq!(status["pending"], 21, "{status}");
+    assert_eq!(status["pending_critical"], 1, "{status}");
+    assert_eq!(
+        status["consent"], "pending",
+        "the initial state, recorded: {status}"
+    );
+}

@@ -1,32 +1,13 @@
-//! The store's part of the fleet loop (src/fleet): small named values (the install id, the
-//! directives in force) and the client reports that wait for a 2xx. The tables are in
-//! [`super::schema`].
+//! The store's part of the fleet loop (src/fleet): the client reports that wait for a 2xx (its
+//! small named values, the install id and the directives in force, live in the `meta` table
+//! through [`Store::meta`]). The tables are in [`super::schema`].
 
-use rusqlite::{OptionalExtension, params};
+use rusqlite::params;
 
 use super::Store;
 use crate::error::Result;
 
 impl Store {
-    /// A named value of the `fleet` table.
-    pub fn fleet_get(&self, name: &str) -> Result<Option<String>> {
-        Ok(self
-            .conn()
-            .query_row("SELECT value FROM fleet WHERE name = ?1", [name], |r| {
-                r.get(0)
-            })
-            .optional()?)
-    }
-
-    pub fn fleet_put(&self, name: &str, value: &str) -> Result<()> {
-        self.conn().execute(
-            "INSERT INTO fleet (name, value) VALUES (?1, ?2)
-             ON CONFLICT(name) DO UPDATE SET value = ?2",
-            params![name, value],
-        )?;
-        Ok(())
-    }
-
     /// The reports no 2xx has covered yet, oldest first.
     pub fn reports(&self) -> Result<Vec<(u64, String)>> {
         let conn = self.conn();
@@ -47,7 +28,7 @@ impl Store {
             params![id as i64, body],
         )?;
         tx.execute(
-            "INSERT INTO fleet (name, value) VALUES ('next_report', ?1)
+            "INSERT INTO meta (name, value) VALUES ('next_report', ?1)
              ON CONFLICT(name) DO UPDATE SET value = ?1",
             [(id + 1).to_string()],
         )?;

@@ -20,7 +20,7 @@ use rusqlite::{Connection, ErrorCode, Transaction, params};
 use uuid::Uuid;
 
 use crate::error::{Error, Result};
-use crate::event::{EventId, QueuedEvent, SendNote};
+use crate::event::{EventId, LANE_CRITICAL, LANE_NORMAL, QueuedEvent, SendNote};
 use crate::shared::lock;
 
 use quarantine_sql::ByteLimits;
@@ -32,6 +32,13 @@ pub mod counter {
     pub const EXPIRED: &str = "dropped.expired";
     pub const QUARANTINE_CAP: &str = "dropped.quarantine_cap";
     pub const QUARANTINE_EXPIRED: &str = "dropped.quarantine_expired";
+    pub const CONSENT_DENIED: &str = "dropped.consent_denied";
+}
+
+/// Names in the `meta` table.
+pub mod meta {
+    /// Tracking consent as the app last set it (`pending`, `granted`, `denied`).
+    pub const CONSENT: &str = "consent";
 }
 
 /// How `max_disk_bytes` is shared between the database file and its WAL, how much of the
@@ -288,7 +295,8 @@ impl Store {
                         &*e.json,
                         e.accepted_ms,
                         e.sends,
-                        e.unanswered
+                        e.unanswered,
+                        e.lane()
                     ])? as u64;
                 }
             }
@@ -367,8 +375,8 @@ impl Store {
         let leased = self.leased().clone();
         let conn = self.conn();
         let mut stmt = conn.prepare_cached(
-            "SELECT seq, ts, event_id, body, accepted, sends, unanswered FROM events
-             ORDER BY ts, seq LIMIT ?1",
+            "SELECT seq, ts, event_id, body, accepted, sends, unanswered, lane FROM events
+             ORDER BY lane, ts, seq LIMIT ?1",
         )?;
         // Rows in flight, and rows whose id does not parse, are skipped before their body is
         // copied out.
@@ -388,6 +396,7 @@ impl Store {
                 accepted_ms: r.get(4)?,
                 sends: r.get(5)?,
                 unanswered: r.get(6)?,
+                critical: r.get::<_, i64>(7)? == i64::from(crate::event::LANE_CRITICAL),
             }))
         })?;
         let mut out = Vec::with_capacity(limit);
@@ -527,6 +536,70 @@ impl Store {
         Ok(n)
     }
 
+    /// A small named value kept across restarts: what the app decided (see [`meta`]) and the
+    /// fleet loop's install id, directives and report numbering (src/fleet).
+    pub fn meta(&self, name: &str) -> Result<Option<String>> {
+        use rusqlite::OptionalExtension;
+        Ok(self
+            .conn()
+            .query_row("SELECT value FROM meta WHERE name = ?1", [name], |r| {
+                r.get(0)
+            })
+            .optional()?)
+    }
+
+    pub fn set_meta(&self, name: &str, value: &str) -> Result<()> {
+        self.conn().execute(
+            "INSERT INTO meta (name, value) VALUES (?1, ?2)
+             ON CONFLICT(name) DO UPDATE SET value = ?2",
+            params![name, value],
+        )?;
+        Ok(())
+    }
+
+    /// Consent denied: deletes every queued event not in flight and every dead letter, so that
+    /// none of the user's data is left in the file. `secure_delete` overwrites the deleted
+    /// content (SQLite otherwise leaves it in the freed cells and pages), the freed pages go
+    /// back to the file system, and a truncating checkpoint empties the WAL, which still held
+    /// the old pages. Returns (queued events deleted, dead letters deleted); the queued ones
+    /// are counted `consent_denied`.
+    pub fn discard_for_consent(&self) -> Result<(u64, u64)> {
+        let leased = self.leased().clone();
+        let mut conn = self.conn();
+        conn.pragma_update(None, "secure_delete", true)?;
+        let result = (|| -> Result<(u64, u64)> {
+            let tx = conn.transaction()?;
+            let queued = if leased.is_empty() {
+                tx.execute("DELETE FROM events", [])?
+            } else {
+                let list = leased
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect::<Vec<_>>()
+                    .join(",");
+                tx.execute(&format!("DELETE FROM events WHERE seq NOT IN ({list})"), [])?
+            } as u64;
+            let dead = tx.execute("DELETE FROM quarantine", [])? as u64;
+            if queued > 0 {
+                bump(&tx, counter::CONSENT_DENIED, queued)?;
+            }
+            {
+                let mut stmt = tx.prepare("PRAGMA incremental_vacuum")?;
+                let mut rows = stmt.query([])?;
+                while rows.next()?.is_some() {}
+            }
+            tx.commit()?;
+            Ok((queued, dead))
+        })();
+        let restored = conn.pragma_update(None, "secure_delete", false);
+        let (queued, dead) = result?;
+        restored?;
+        conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
+        drop(conn);
+        self.forget_rows(queued);
+        Ok((queued, dead))
+    }
+
     /// Runs `f` with the quarantine tables, in one transaction whose inserts keep to the
     /// dead letters' budget and the disk cap.
     pub fn with_quarantine<T>(&self, f: impl FnOnce(&QuarantineSql<'_>) -> Result<T>) -> Result<T> {
@@ -589,7 +662,8 @@ impl Store {
                     e.body,
                     now_ms,
                     e.sends,
-                    0
+                    0,
+                    crate::event::LANE_NORMAL
                 ])? as u64;
             }
             Ok(n)
@@ -601,8 +675,8 @@ impl Store {
 
 /// The one way a row enters the queue (spill, persist, redrive); an id already queued is kept.
 const INSERT_EVENT: &str =
-    "INSERT OR IGNORE INTO events (seq, ts, event_id, body, accepted, sends, unanswered)
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)";
+    "INSERT OR IGNORE INTO events (seq, ts, event_id, body, accepted, sends, unanswered, lane)
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)";
 
 /// How far the database is over `db_bytes`, after handing free pages back to the file system:
 /// `page_count` is the file's size after commit (free pages included), so freed pages are
@@ -630,12 +704,25 @@ fn db_excess(tx: &Transaction<'_>, page_size: u64, db_bytes: u64) -> Result<u64>
     Ok(0)
 }
 
+/// The disk cap's eviction: the oldest of the normal lane first, critical events only when no
+/// normal one is left (README §Critical lane).
 fn evict_oldest(tx: &Transaction<'_>, want: u64, leased: &[u64]) -> Result<u64> {
-    let seqs: Vec<i64> = {
-        let mut stmt = tx.prepare_cached("SELECT seq FROM events ORDER BY ts, seq LIMIT ?1")?;
-        stmt.query_map([(want as usize + leased.len()) as i64], |r| r.get(0))?
-            .collect::<rusqlite::Result<_>>()?
-    };
+    // One lane at a time, so each read walks the (lane, ts, seq) index instead of sorting the
+    // whole table for a mixed-direction ORDER BY.
+    let limit = (want as usize + leased.len()) as i64;
+    let mut seqs: Vec<i64> = Vec::new();
+    {
+        let mut stmt =
+            tx.prepare_cached("SELECT seq FROM events WHERE lane = ?1 ORDER BY ts, seq LIMIT ?2")?;
+        for lane in [LANE_NORMAL, LANE_CRITICAL] {
+            let left = limit - seqs.len() as i64;
+            if left <= 0 {
+                break;
+            }
+            let rows = stmt.query_map(params![lane, left], |r| r.get(0))?;
+            seqs.extend(rows.collect::<rusqlite::Result<Vec<i64>>>()?);
+        }
+    }
     let mut stmt = tx.prepare_cached("DELETE FROM events WHERE seq = ?1")?;
     let mut n = 0;
     for seq in seqs
@@ -722,6 +809,7 @@ mod tests {
             accepted_ms: 1_764_417_600_000,
             sends: 0,
             unanswered: 0,
+            critical: false,
         }
     }
 

@@ -56,11 +56,20 @@ const MIGRATIONS: &[&str] = &[
     -- Kept so a redriven event still tells the collector it was sent before; reason gains
     -- max_sends (no answer after max_event_sends requests).
     ALTER TABLE quarantine ADD COLUMN sends INTEGER NOT NULL DEFAULT 0;",
-    // 2 → 3: the fleet loop (src/fleet). The install id, the directives in force and the ledger
-    // baseline are small named values; a client report waits in `reports` until a 2xx covers it,
-    // so it survives restarts and is resent with the same id.
-    "CREATE TABLE fleet (
-        name  TEXT PRIMARY KEY,            -- install_id | directives | applied | ...
+    // 2 → 3: the critical lane, the store's own named values, and the client reports.
+    // - `lane` orders delivery before the timestamp (0 critical, 1 normal: README §Critical
+    //   lane); the disk cap evicts lane 1 first. Earlier rows are all normal. Every ordered read
+    //   now starts with the lane, so the (ts, seq) index gives way to (lane, ts, seq).
+    // - `meta` holds small values that must outlive a restart, one row per name: what the app
+    //   decided (`consent`: README §Consent) and the fleet loop's install id, directives in force
+    //   and ledger baseline (src/fleet).
+    // - A client report waits in `reports` until a 2xx covers it, so it survives restarts and is
+    //   resent with the same id.
+    "ALTER TABLE events ADD COLUMN lane INTEGER NOT NULL DEFAULT 1;  -- 0 critical, 1 normal
+    DROP INDEX events_by_delivery_order;
+    CREATE INDEX events_by_lane_order ON events(lane, ts, seq);
+    CREATE TABLE meta (
+        name  TEXT PRIMARY KEY,            -- consent | install_id | directives | applied | ...
         value TEXT NOT NULL
     );
     CREATE TABLE reports (
@@ -212,7 +221,7 @@ mod tests {
             )
             .unwrap();
         assert_eq!(row, (9, 77, 2, 1), "the queued event is untouched");
-        conn.execute("INSERT INTO fleet VALUES ('install_id', 'x')", [])
+        conn.execute("INSERT INTO meta VALUES ('install_id', 'x')", [])
             .unwrap();
         conn.execute("INSERT INTO reports VALUES (1, '{}')", [])
             .unwrap();
@@ -275,6 +284,14 @@ mod tests {
             .query_row("SELECT value FROM counters", [], |r| r.get(0))
             .unwrap();
         assert_eq!(n, 3);
+        let lane: i64 = conn
+            .query_row("SELECT lane FROM events", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(lane, 1, "an old row is in the normal lane");
+        let meta: i64 = conn
+            .query_row("SELECT count(*) FROM meta", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(meta, 0, "no consent recorded by an upgrade");
         // A second open finds nothing to do.
         assert_eq!(inspect(&conn).unwrap().unwrap(), SCHEMA_VERSION);
         migrate(&mut conn, SCHEMA_VERSION, 0).unwrap();

@@ -10,12 +10,15 @@ import org.junit.jupiter.api.BeforeEach
 import org.junit.jupiter.api.Test
 import org.junit.jupiter.api.assertThrows
 import org.junit.jupiter.api.io.TempDir
+import uniffi.eventspool.Consent
+import uniffi.eventspool.DeferReason
 import uniffi.eventspool.DeliveryObserver
 import uniffi.eventspool.DeliveryState
 import uniffi.eventspool.DeliveryStatus
 import uniffi.eventspool.EventSpool
 import uniffi.eventspool.NewEvent
 import uniffi.eventspool.ObserverHandle
+import uniffi.eventspool.Priority
 import uniffi.eventspool.SpoolException
 import uniffi.eventspool.SpoolNotice
 
@@ -225,6 +228,62 @@ class EventSpoolTest {
                 assertEquals(told, closedCalls.get(), "told after close")
                 assertEquals(2L, collector.distinct())
             }
+        }
+    }
+
+    @Test
+    fun `consent pending survives a restart, then granted delivers`() {
+        EventSpool(fastConfig(collector.url, db).copy(consent = "pending")).use { spool ->
+            assertEquals(Consent.PENDING, spool.consent())
+            spool.trackMany(25)
+            spool.flush()
+            assertTrue(waitUntil {
+                val s = spool.state()
+                s.pending == 25uL && s.state == DeliveryState.Deferred(DeferReason.CONSENT)
+            }, "${spool.state()}")
+        }
+        assertEquals(0L, collector.distinct(), "nothing sent while pending")
+        EventSpool(fastConfig(collector.url, db)).use { spool ->
+            assertEquals(Consent.PENDING, spool.consent(), "the store remembers")
+            assertEquals(25uL, spool.stats().restored)
+            spool.setConsent(Consent.GRANTED)
+            assertTrue(spool.waitDrained(20_000uL))
+            assertEquals(25L, collector.distinct())
+        }
+    }
+
+    @Test
+    fun `consent denied deletes what was kept and refuses new events`() {
+        EventSpool(fastConfig(collector.url, db).copy(consent = "pending", memoryCapacity = 5uL)).use { spool ->
+            val mark = "kt-consent-secret-91be"
+            repeat(30) { spool.track("private", """{"secret":"$mark-$it"}""") }
+            spool.persist()
+            spool.setConsent(Consent.DENIED)
+            assertThrows<SpoolException.ConsentDenied> { spool.track("after", "{}") }
+            val stats = spool.stats()
+            assertEquals(30uL, stats.dropped["consent_denied"])
+            assertEquals(0uL, stats.pending)
+            assertTrue(waitUntil { spool.state().state is DeliveryState.Disabled })
+            spool.shutdown(5_000uL)
+            val left = dir.toFile().listFiles()!!.filter { f ->
+                f.isFile && f.name.startsWith("events.db") && String(f.readBytes(), Charsets.ISO_8859_1).contains(mark)
+            }
+            assertEquals(emptyList<java.io.File>(), left, "nothing of the user's data left")
+        }
+        assertEquals(0L, collector.distinct())
+        EventSpool(fastConfig(collector.url, db)).use { spool ->
+            assertEquals(Consent.DENIED, spool.consent())
+        }
+    }
+
+    @Test
+    fun `a critical event is delivered with the backlog`() {
+        EventSpool(fastConfig(collector.url, db), startOffline = true).use { spool ->
+            spool.trackMany(200)
+            spool.trackEvent(NewEvent(name = "crash", propertiesJson = "{}", priority = Priority.CRITICAL))
+            spool.setOnline(true)
+            assertTrue(spool.waitDrained(20_000uL))
+            assertEquals(201L, collector.distinct())
         }
     }
 }

@@ -22,6 +22,7 @@ pub mod admin;
 pub mod classify;
 pub(crate) mod clock;
 pub(crate) mod config;
+pub(crate) mod crypto;
 pub(crate) mod error;
 pub(crate) mod event;
 mod machine;
@@ -45,6 +46,9 @@ pub use clock::{Clock, Sleep, SystemClock};
 #[doc(hidden)]
 pub use config::redacted_key;
 pub use config::{CONFIG_NAMES, Compression, Config, Durability, SettingValue};
+#[doc(hidden)]
+pub use crypto::Redact;
+pub use crypto::{EncryptionKeys, KEY_BYTES};
 pub use error::{ConfigError, Error, Result};
 pub use event::{EventId, NewEvent, format_timestamp};
 pub use observers::ObserverHandle;

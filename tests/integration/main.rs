@@ -3,6 +3,7 @@
 
 mod common;
 mod concurrency;
+mod encryption;
 #[path = "../support/episode.rs"]
 mod episode;
 mod event_record;

@@ -217,9 +217,9 @@ impl Keyring {
 
     /// Seals `plain` for the column `column` of the row of `event_id` with the current key;
     /// without keys, the text as is.
-    pub fn seal(&self, column: &str, event_id: &str, plain: &str) -> Stored {
+    pub fn seal<'a>(&self, column: &str, event_id: &str, plain: &'a str) -> Stored<'a> {
         match self.ciphers.first() {
-            None => Stored::Text(plain.to_string()),
+            None => Stored::Text(plain),
             Some((_, cipher)) => {
                 Stored::Sealed(seal_with(cipher, &aad(column, event_id), plain.as_bytes()))
             }
@@ -261,16 +261,16 @@ impl Keyring {
     }
 }
 
-/// A column's value as stored: text for plain rows, a sealed blob otherwise.
-pub(crate) enum Stored {
-    Text(String),
+/// A column's value as stored: text for plain rows (borrowed, no copy), a sealed blob otherwise.
+pub(crate) enum Stored<'a> {
+    Text(&'a str),
     Sealed(Vec<u8>),
 }
 
-impl rusqlite::ToSql for Stored {
+impl rusqlite::ToSql for Stored<'_> {
     fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
         Ok(match self {
-            Stored::Text(t) => rusqlite::types::ToSqlOutput::from(t.as_str()),
+            Stored::Text(t) => rusqlite::types::ToSqlOutput::from(*t),
             Stored::Sealed(b) => rusqlite::types::ToSqlOutput::from(b.as_slice()),
         })
     }
@@ -317,7 +317,7 @@ mod tests {
     use crate::config::SettingValue;
     use rusqlite::types::ValueRef;
 
-    fn sealed(s: &Stored) -> &[u8] {
+    fn sealed<'a>(s: &'a Stored<'_>) -> &'a [u8] {
         match s {
             Stored::Sealed(b) => b,
             Stored::Text(_) => panic!("not sealed"),

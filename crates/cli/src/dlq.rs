@@ -46,7 +46,7 @@ pub enum DlqCommand {
     List {
         #[arg(long)]
         db: PathBuf,
-        /// Only this reason: rejected, bad_request, too_large or max_sends.
+        /// Only this reason: rejected, bad_request, too_large, max_sends or undecryptable.
         #[arg(long)]
         reason: Option<String>,
         /// At most this many (0: all).

@@ -7,6 +7,11 @@
 //! reported, never moved aside or replaced (that is the owner's recovery, not a reader's).
 //! [`StoreAdmin`] changes things (redrive, purge), so it becomes the store's owner exactly as a
 //! spool would, and is refused while a spool holds the store.
+//!
+//! An encrypted store (config `encryption_keys`) needs its keys to show payloads: the
+//! quarantine's readers and [`StoreAdmin`] take them, and refuse a wrong or missing one by key
+//! id exactly as `open()` does. [`inspect`] reads only what is stored in the clear (counts,
+//! timestamps, sizes); it counts sealed quarantine reasons it cannot open as `encrypted`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -14,9 +19,10 @@ use std::time::Duration;
 
 use rusqlite::{Connection, OpenFlags};
 
+use crate::crypto::{EncryptionKeys, Keyring};
 use crate::error::{Error, Result};
 use crate::quarantine::{ListFilter, QuarantinedEvent, Selector};
-use crate::queue::{QuarantineSql, Queue, QueueParams, schema};
+use crate::queue::{QuarantineSql, Queue, QueueParams, check_keys, schema};
 
 /// How long [`inspect`] waits for a writer to finish a transaction before giving up. A spool's
 /// transactions are bounded in size, so this is generous.
@@ -81,14 +87,37 @@ fn read<T>(path: &Path, f: impl FnOnce(&rusqlite::Transaction<'_>) -> Result<T>)
     Ok(out)
 }
 
+/// Runs `f` on the quarantine of a store opened read-only, with `keys` checked first: a wrong
+/// or missing key is refused naming its id ([`Error::EncryptionKey`]).
+fn read_quarantine<T>(
+    path: &Path,
+    keys: &EncryptionKeys,
+    f: impl FnOnce(&QuarantineSql<'_>) -> Result<T>,
+) -> Result<T> {
+    let keyring = Keyring::new(keys);
+    read(path, |tx| {
+        check_keys(tx, &keyring, path, false)?;
+        f(&QuarantineSql::new(tx, &keyring))
+    })
+}
+
 /// Quarantined events, oldest first, read without becoming the owner: the file is never changed.
-pub fn quarantine_list(path: &Path, filter: &ListFilter) -> Result<Vec<QuarantinedEvent>> {
-    read(path, |tx| QuarantineSql::new(tx).list(filter))
+/// `keys` are the store's `encryption_keys` (empty for a plain store).
+pub fn quarantine_list(
+    path: &Path,
+    keys: &EncryptionKeys,
+    filter: &ListFilter,
+) -> Result<Vec<QuarantinedEvent>> {
+    read_quarantine(path, keys, |q| q.list(filter))
 }
 
 /// One quarantined event, read without becoming the owner: the file is never changed.
-pub fn quarantine_get(path: &Path, event_id: &str) -> Result<Option<QuarantinedEvent>> {
-    read(path, |tx| QuarantineSql::new(tx).get(event_id))
+pub fn quarantine_get(
+    path: &Path,
+    keys: &EncryptionKeys,
+    event_id: &str,
+) -> Result<Option<QuarantinedEvent>> {
+    read_quarantine(path, keys, |q| q.get(event_id))
 }
 
 /// Reads a store's status without becoming its owner; safe while a spool is using it.
@@ -102,7 +131,8 @@ fn status_of(tx: &rusqlite::Transaction<'_>, path: &Path) -> Result<StoreStatus>
         tx.query_row("SELECT count(*), min(ts), max(ts) FROM events", [], |r| {
             Ok((r.get(0)?, r.get(1)?, r.get(2)?))
         })?;
-    let quarantine = QuarantineSql::new(tx).counts()?;
+    let keyring = Keyring::plain();
+    let quarantine = QuarantineSql::new(tx, &keyring).counts()?;
     let dropped = pairs(
         tx,
         "SELECT name, value FROM counters WHERE name LIKE 'dropped.%'",
@@ -167,10 +197,13 @@ pub struct StoreAdmin {
 }
 
 impl StoreAdmin {
-    /// Opens (or creates) the store and takes its owner lock; refused while a spool holds it.
+    /// Opens (or creates) the store and takes its owner lock; refused while a spool holds it,
+    /// and refused naming the key id when `keys` (the store's `encryption_keys`, empty for a
+    /// plain store) lack or mismatch one its rows need.
     /// `max_disk_bytes` is only used for writes, and redrive writes nothing new in size.
-    pub fn open(path: &Path) -> Result<StoreAdmin> {
-        let defaults = crate::Config::new("http://127.0.0.1/unused");
+    pub fn open(path: &Path, keys: &EncryptionKeys) -> Result<StoreAdmin> {
+        let mut defaults = crate::Config::new("http://127.0.0.1/unused");
+        defaults.encryption_keys = keys.clone();
         let opened = Queue::open(
             path,
             crate::config::DEFAULT_MAX_DISK_BYTES,
@@ -224,7 +257,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("events.db");
         assert!(matches!(inspect(&path), Err(Error::NotFound(_))));
-        let admin = StoreAdmin::open(&path).unwrap();
+        let admin = StoreAdmin::open(&path, &EncryptionKeys::default()).unwrap();
         let status = admin.status().unwrap();
         assert_eq!(status.pending, 0);
         assert_eq!(status.oldest_ms, None);
@@ -232,7 +265,7 @@ mod tests {
         // The owner lock is held, yet a read-only look still works.
         assert_eq!(inspect(&path).unwrap().pending, 0);
         assert!(
-            StoreAdmin::open(&path).is_err(),
+            StoreAdmin::open(&path, &EncryptionKeys::default()).is_err(),
             "a second owner must be refused"
         );
     }

@@ -7,6 +7,7 @@
 use std::path::PathBuf;
 
 use crate::consent::Consent;
+pub use crate::crypto::EncryptionKeys;
 use crate::error::ConfigError;
 
 const KIB: u64 = 1024;
@@ -62,6 +63,10 @@ macro_rules! config_table {
                 api_key: Option<String> = None, ffi String, secret;
                 /// SQLite file (created 0600); absent keeps events in memory only.
                 db_path: Option<PathBuf> = None, ffi String, plain;
+                /// Encrypts what the store writes: `(key_id, 32 bytes)` pairs, the first
+                /// sealing new rows, the others only reading old ones (rotation). Text form
+                /// `ID:HEX64[,ID:HEX64…]`; empty stores in plain text.
+                encryption_keys: EncryptionKeys = EncryptionKeys::default(), ffi Vec<EncryptionKey>, secret;
                 /// Events in memory before the oldest spill.
                 memory_capacity: u64 = 1000, ffi u64, plain;
                 /// Database + WAL, quarantine included.
@@ -202,10 +207,11 @@ macro_rules! define_config {
 
 config_table!(define_config);
 
-/// How `Debug` shows an API key: whether there is one, never its text.
+/// How `Debug` shows a secret (an API key, encryption keys): whether there is one, never its
+/// value.
 #[doc(hidden)]
-pub fn redacted_key(key: &Option<String>) -> Option<&'static str> {
-    key.as_ref().map(|_| "<redacted>")
+pub fn redacted_key(key: &impl crate::crypto::Redact) -> Option<String> {
+    key.redacted()
 }
 
 /// The default `max_disk_bytes`; also the cap a store opened for triage (no config) gets.
@@ -354,6 +360,7 @@ impl Config {
         if let Some(key) = &self.api_key {
             check_api_key(key)?;
         }
+        self.encryption_keys.validate()?;
         Ok(())
     }
 }
@@ -461,6 +468,9 @@ mod tests {
                 "endpoint" => "https://y.example",
                 "api_key" => "k",
                 "db_path" => "/tmp/x.db",
+                "encryption_keys" => {
+                    "7:000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f"
+                }
                 "compression" => "none",
                 "durability" => "always",
                 "allow_insecure_http"
@@ -522,8 +532,12 @@ mod tests {
     fn debug_never_prints_the_api_key() {
         let mut c = Config::new("https://x.example");
         c.api_key = Some("sk-live-0123456789".into());
+        c.encryption_keys = EncryptionKeys::new([(3, [0xab; 32])]);
         let text = format!("{c:?} {c:#?}");
         assert!(!text.contains("sk-live-0123456789"), "{text}");
+        assert!(!text.to_lowercase().contains("abab"), "{text}");
+        assert!(!text.contains("171, 171"), "{text}");
+        assert!(text.contains("key ids [3]"), "{text}");
         assert!(text.contains("api_key"), "the field is still shown: {text}");
         assert!(text.contains("https://x.example"), "{text}");
     }

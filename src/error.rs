@@ -65,6 +65,11 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// The store holds rows sealed with encryption key `key_id`, and that key was not
+    /// supplied or is not the one they were sealed with. Nothing was opened, and the store is
+    /// left exactly as it is: supply the key (config `encryption_keys`) and open again.
+    #[error("encryption key id {key_id}: {reason}")]
+    EncryptionKey { key_id: u32, reason: String },
     #[error("not found: {0}")]
     NotFound(String),
     /// A blocking call made on a thread it would wait for: `deliver_within()` from a delivery

@@ -23,6 +23,7 @@ pub mod classify;
 pub(crate) mod clock;
 pub(crate) mod config;
 mod consent;
+pub(crate) mod crypto;
 pub(crate) mod error;
 pub(crate) mod event;
 mod fleet;
@@ -48,6 +49,9 @@ pub use clock::{Clock, Sleep, SystemClock};
 pub use config::redacted_key;
 pub use config::{CONFIG_NAMES, Compression, Config, Durability, SettingValue};
 pub use consent::Consent;
+#[doc(hidden)]
+pub use crypto::Redact;
+pub use crypto::{EncryptionKeys, KEY_BYTES};
 pub use error::{ConfigError, Error, Result};
 pub use event::{EventId, NewEvent, Priority, format_timestamp};
 pub use observers::ObserverHandle;

@@ -18,6 +18,10 @@ pub mod reason {
     /// No answer (timeout, connection dropped) for this event alone after `max_event_sends`
     /// requests carried it, while the collector answered requests without it.
     pub const MAX_SENDS: &str = "max_sends";
+    /// A stored row whose ciphertext failed authentication with its key (damaged on disk): its
+    /// payload is gone, its id and timestamps are kept here so the loss is visible. Never
+    /// redriven (there is nothing to send); purge it.
+    pub const UNDECRYPTABLE: &str = "undecryptable";
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -4,7 +4,7 @@
 //! `cargo run --release --example bench [-- --quick]`
 //!
 //! Human table on stderr, JSON report on stdout. `--quick` skips the 1M-event growth runs;
-//! `--only track,spill,cap,always,drain,rss,cold` picks scenarios; `--sizes N,M` sets the spill/drain sizes.
+//! `--only track,spill,cap,always,drain,encrypt,rss,cold` picks scenarios; `--sizes N,M` sets the spill/drain sizes.
 //! The peak-RSS run re-executes this binary (`--rss-child URL`) so that the high-water mark it
 //! reads belongs to that scenario alone. See BENCHMARKS.md for the figures and the machine.
 
@@ -241,6 +241,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     if want("drain") {
         emit(store::drain(&sizes)?);
+    }
+    if want("encrypt") {
+        emit(store::encryption(&sizes)?);
     }
     if want("rss") {
         emit(rss::run()?);

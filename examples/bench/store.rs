@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use eventspool::{Compression, Config, EventSpool};
+use eventspool::{Compression, Config, EncryptionKeys, EventSpool};
 use eventspool_collector::{CollectorConfig, ReferenceCollector};
 use serde_json::json;
 
@@ -114,7 +114,7 @@ pub fn spill(sizes: &[usize]) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
     for &n in sizes {
         let (mut ours, mut base, mut details) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..reps(n) {
-            let (o, b, d) = spill_once(n)?;
+            let (o, b, d) = spill_once(n, &EncryptionKeys::default())?;
             ours.push(o);
             base.push(b);
             details.push(d);
@@ -143,7 +143,10 @@ pub fn spill(sizes: &[usize]) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
     Ok(out)
 }
 
-fn spill_once(n: usize) -> Result<(f64, f64, serde_json::Value), Box<dyn std::error::Error>> {
+fn spill_once(
+    n: usize,
+    keys: &EncryptionKeys,
+) -> Result<(f64, f64, serde_json::Value), Box<dyn std::error::Error>> {
     {
         let dir = tempfile::tempdir()?;
         let base = raw_insert(&dir.path().join("raw.db"), &rows(n))?;
@@ -155,6 +158,7 @@ fn spill_once(n: usize) -> Result<(f64, f64, serde_json::Value), Box<dyn std::er
         let with_creation = n as f64 / (making_s + n as f64 / insert_rate);
         let mut cfg = config("http://127.0.0.1:9/unused", &dir.path().join("events.db"));
         cfg.memory_capacity = 1_000;
+        cfg.encryption_keys = keys.clone();
         let spool = EventSpool::builder(cfg).start_offline().open()?;
         let template = properties();
         let t = Instant::now();
@@ -180,9 +184,10 @@ fn spill_once(n: usize) -> Result<(f64, f64, serde_json::Value), Box<dyn std::er
 }
 
 /// Fills a store with `n` events through `track()` + `persist()` (nothing dropped), closed.
-fn fill(path: &Path, n: usize) -> Result<(), Box<dyn std::error::Error>> {
+fn fill(path: &Path, n: usize, keys: &EncryptionKeys) -> Result<(), Box<dyn std::error::Error>> {
     let mut cfg = config("http://127.0.0.1:9/unused", path);
     cfg.memory_capacity = 20_000;
+    cfg.encryption_keys = keys.clone();
     let spool = EventSpool::builder(cfg).start_offline().open()?;
     let template = properties();
     for i in 0..n {
@@ -218,6 +223,7 @@ fn drain_ours(
     filled: &Path,
     n: usize,
     compression: Compression,
+    keys: &EncryptionKeys,
     tag: &str,
 ) -> Result<(f64, u64, f64), Box<dyn std::error::Error>> {
     let db = dir.join(format!("drain-{tag}.db"));
@@ -226,6 +232,7 @@ fn drain_ours(
     let mut cfg = config(&c.url(), &db);
     cfg.min_batch_interval_ms = 0;
     cfg.compression = compression;
+    cfg.encryption_keys = keys.clone();
     let t = Instant::now();
     let cpu = cpu_seconds();
     let spool = EventSpool::open(cfg)?;
@@ -313,7 +320,7 @@ pub fn drain(sizes: &[usize]) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
     for &n in sizes {
         let dir = tempfile::tempdir()?;
         let filled = dir.path().join("filled.db");
-        fill(&filled, n)?;
+        fill(&filled, n, &EncryptionKeys::default())?;
         // Per side: wall-clock rates and CPU µs per event, one entry per repetition.
         let mut runs: [(Vec<f64>, Vec<f64>); 4] = Default::default();
         let [raw_plain, ours_plain, raw_gzip, ours_gzip] = &mut runs;
@@ -332,7 +339,14 @@ pub fn drain(sizes: &[usize]) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
                 } else {
                     Compression::None
                 };
-                let (rate, r, cpu) = drain_ours(dir.path(), &filled, n, compression, &tag)?;
+                let (rate, r, cpu) = drain_ours(
+                    dir.path(),
+                    &filled,
+                    n,
+                    compression,
+                    &EncryptionKeys::default(),
+                    &tag,
+                )?;
                 ours.0.push(rate);
                 ours.1.push(cpu);
                 *requests = r;
@@ -371,6 +385,81 @@ pub fn drain(sizes: &[usize]) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
                 None,
             )
             .with(extra),
+        );
+    }
+    Ok(out)
+}
+
+/// What encryption at rest costs: spill and drain with `encryption_keys` against the same runs
+/// without, interleaved in one process so both sides see the same machine. The baseline column
+/// is the plain store; the ratio is encrypted / plain.
+pub fn encryption(sizes: &[usize]) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
+    let keys = EncryptionKeys::new([(1, [0x5a; 32])]);
+    let plain = EncryptionKeys::default();
+    let mut out = Vec::new();
+    for &n in sizes {
+        let (mut sealed_runs, mut plain_runs) = (Vec::new(), Vec::new());
+        for _ in 0..reps(n) {
+            plain_runs.push(spill_once(n, &plain)?.0);
+            sealed_runs.push(spill_once(n, &keys)?.0);
+        }
+        let (o, b) = (median(sealed_runs.clone()), median(plain_runs.clone()));
+        out.push(
+            Row::rate(
+                format!("spill offline, {n} events, encrypted vs plain"),
+                o,
+                b,
+                "events/s",
+                Some(0.7),
+            )
+            .with(json!({
+                "encrypted_runs": sealed_runs, "plain_runs": plain_runs,
+                "encrypted_us_per_event": 1e6 / o, "plain_us_per_event": 1e6 / b,
+            })),
+        );
+        let dir = tempfile::tempdir()?;
+        let (filled_plain, filled_sealed) =
+            (dir.path().join("plain.db"), dir.path().join("sealed.db"));
+        fill(&filled_plain, n, &plain)?;
+        fill(&filled_sealed, n, &keys)?;
+        let (mut sealed_runs, mut plain_runs) = (Vec::new(), Vec::new());
+        let (mut sealed_cpu, mut plain_cpu) = (Vec::new(), Vec::new());
+        for rep in 0..reps(n) {
+            let (rate, _, cpu) = drain_ours(
+                dir.path(),
+                &filled_plain,
+                n,
+                Compression::None,
+                &plain,
+                &format!("enc-plain{rep}"),
+            )?;
+            plain_runs.push(rate);
+            plain_cpu.push(cpu);
+            let (rate, _, cpu) = drain_ours(
+                dir.path(),
+                &filled_sealed,
+                n,
+                Compression::None,
+                &keys,
+                &format!("enc-sealed{rep}"),
+            )?;
+            sealed_runs.push(rate);
+            sealed_cpu.push(cpu);
+        }
+        let (o, b) = (median(sealed_runs.clone()), median(plain_runs.clone()));
+        out.push(
+            Row::rate(
+                format!("drain {n} stored events, gzip off, encrypted vs plain"),
+                o,
+                b,
+                "events/s",
+                Some(0.7),
+            )
+            .with(json!({
+                "encrypted_runs": sealed_runs, "plain_runs": plain_runs,
+                "encrypted_cpu_us_per_event": median(sealed_cpu),
+                "plain_cpu_us_per_event": median(plain_cpu),
+            })),
         );
     }
     Ok(out)

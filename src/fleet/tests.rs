@@ -20,6 +20,7 @@ fn queue() -> Queue {
         durability: Durability::Spill,
         quarantine_max_events: 100,
         quarantine_retention_ms: 1_000_000,
+        encryption_keys: Default::default(),
     };
     Queue::in_memory(params, Ledger::default(), Arc::new(Mutex::new(Vec::new())))
 }
@@ -163,6 +164,7 @@ fn reports_and_the_install_id_survive_a_reopen() {
         durability: Durability::Spill,
         quarantine_max_events: 100,
         quarantine_retention_ms: 1_000_000,
+        encryption_keys: Default::default(),
     };
     let open = || {
         crate::queue::Queue::open(

@@ -39,13 +39,13 @@ use crate::event::{EventId, QueuedEvent, SendNote};
 use crate::quarantine::{ListFilter, MemoryQuarantine, QuarantinedEvent, Selector};
 use crate::shared::{Ledger, lock};
 use crate::state::Notice;
-use crate::stats::{DropReason, Entry};
+use crate::stats::{DropReason, Entry, Exit};
 
 use buffer::MemoryBuffer;
 pub use buffer::SPILL_BACKLOG_MIN;
 pub use store::disk_usage;
 use store::{Inserted, Store};
-pub(crate) use store::{QuarantineSql, schema};
+pub(crate) use store::{QuarantineSql, check_keys, schema};
 
 /// How many events one spill takes while the spill lock is held. The delivery worker waits for
 /// the spill in progress before it reads the store, so this bounds its wait: on a loaded
@@ -78,6 +78,8 @@ pub struct QueueParams {
     pub durability: Durability,
     pub quarantine_max_events: u64,
     pub quarantine_retention_ms: u64,
+    /// What the store seals its rows with (empty: plain text).
+    pub encryption_keys: crate::EncryptionKeys,
 }
 
 impl QueueParams {
@@ -87,6 +89,7 @@ impl QueueParams {
             durability: config.durability,
             quarantine_max_events: config.quarantine_max_events,
             quarantine_retention_ms: config.quarantine_retention_ms,
+            encryption_keys: config.encryption_keys.clone(),
         }
     }
 }
@@ -171,7 +174,8 @@ impl Queue {
         counters: Ledger,
         notices: Arc<Mutex<Vec<Notice>>>,
     ) -> Result<OpenedQueue> {
-        let opened = Store::open(path, max_disk_bytes, wall_ms)?;
+        let keys = crate::crypto::Keyring::new(&params.encryption_keys);
+        let opened = Store::open(path, max_disk_bytes, wall_ms, keys)?;
         let restored = opened.store.len();
         let next_seq = opened.store.next_seq()?;
         Ok(OpenedQueue {
@@ -574,10 +578,15 @@ impl Queue {
             tracing::warn!(error = %e, "spill before batch failed; sending what is stored");
         }
         let from_store = match &self.store {
-            Some(store) => store.oldest(limit).unwrap_or_else(|e| {
-                tracing::warn!(error = %e, "reading the store failed; sending from memory");
-                Vec::new()
-            }),
+            Some(store) => {
+                let events = store.oldest(limit).unwrap_or_else(|e| {
+                    tracing::warn!(error = %e, "reading the store failed; sending from memory");
+                    Vec::new()
+                });
+                self.counters
+                    .left(Exit::Quarantined, store.take_undecryptable());
+                events
+            }
             None => Vec::new(),
         };
         let mut memory = self.memory();
@@ -912,6 +921,7 @@ mod tests {
             durability,
             quarantine_max_events: 1_000,
             quarantine_retention_ms: 1_000_000,
+            encryption_keys: Default::default(),
         }
     }
 

@@ -7,6 +7,7 @@ mod conditions;
 mod consent;
 mod critical;
 mod drain;
+mod encryption;
 #[path = "../support/episode.rs"]
 mod episode;
 mod event_record;

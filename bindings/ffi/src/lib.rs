@@ -29,14 +29,14 @@ pub use foreign::{
 };
 pub use types::{
     AttemptFailure, Consent, DeferReason, DeliveryConditions, DeliveryState, DeliveryStatus,
-    DrainOutcome, NewEvent, PauseReason, Priority, QuarantineSelector, QuarantinedEvent,
-    SpoolNotice, SpoolStats,
+    DrainOutcome, EncryptionKey, NewEvent, PauseReason, Priority, QuarantineSelector,
+    QuarantinedEvent, SpoolNotice, SpoolStats,
 };
 
 use eventspool::ConfigError;
 use eventspool::Error;
 use eventspool::ListFilter;
-use eventspool::{Compression, Config, Durability, SettingValue};
+use eventspool::{Compression, Config, Durability, EncryptionKeys, SettingValue};
 
 /// The errors apps catch (`SpoolException` in Kotlin). Named so it shadows nothing in Kotlin,
 /// Swift or Python; messages never hold the API key or an event payload.
@@ -66,6 +66,11 @@ pub enum SpoolError {
     /// The system refused a thread or the delivery runtime at open; `reason` names which.
     #[error("cannot start: {reason}")]
     Runtime { reason: String },
+    /// The store holds rows sealed with key `key_id`, and `encryption_keys` does not supply
+    /// it or supplies another key under that id. Nothing was opened and the store is left as it
+    /// is: open again with the right key.
+    #[error("encryption key id {key_id}: {reason}")]
+    EncryptionKey { key_id: u32, reason: String },
     #[error("not found: {reason}")]
     NotFound { reason: String },
     /// A blocking call made where it would wait for itself: `deliver_within` from inside a
@@ -111,6 +116,7 @@ impl From<Error> for SpoolError {
             },
             Error::NotFound(reason) => SpoolError::NotFound { reason },
             Error::WrongThread(reason) => SpoolError::WrongThread { reason },
+            Error::EncryptionKey { key_id, reason } => SpoolError::EncryptionKey { key_id, reason },
             Error::BatchRefused(reason) => SpoolError::BatchRefused { reason },
             Error::NotDurable { event_ids, reason } => SpoolError::NotDurable {
                 event_ids: event_ids.iter().map(ToString::to_string).collect(),
@@ -218,6 +224,14 @@ impl FromRecord<String> for Option<String> {
 impl FromRecord<String> for Option<PathBuf> {
     fn from_record(_: &str, value: String) -> Result<Self, ConfigError> {
         Ok(Some(PathBuf::from(value)))
+    }
+}
+
+/// Keys as bytes (from Android Keystore, iOS Keychain); a key of the wrong length is refused,
+/// naming its id.
+impl FromRecord<Vec<EncryptionKey>> for EncryptionKeys {
+    fn from_record(_: &str, value: Vec<EncryptionKey>) -> Result<Self, ConfigError> {
+        EncryptionKeys::from_slices(value.iter().map(|k| (k.key_id, k.key.as_slice())))
     }
 }
 

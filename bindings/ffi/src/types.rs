@@ -10,6 +10,25 @@ use eventspool::classify::Failure;
 
 /// Why the last attempt failed: the HTTP status when there was one, and a short text that
 /// never holds the API key or an event payload.
+/// One key of `SpoolConfig.encryption_keys`: its id (recorded with every row it seals; from 1)
+/// and its 32 bytes. The first key of the list seals new rows, the others only open old ones.
+/// `Debug` never shows the bytes.
+#[derive(Clone, PartialEq, Eq, uniffi::Record)]
+pub struct EncryptionKey {
+    pub key_id: u32,
+    pub key: Vec<u8>,
+}
+
+impl std::fmt::Debug for EncryptionKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "EncryptionKey {{ key_id: {}, key: <redacted> }}",
+            self.key_id
+        )
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, uniffi::Record)]
 pub struct AttemptFailure {
     pub status: Option<u16>,

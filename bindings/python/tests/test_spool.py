@@ -447,3 +447,33 @@ def test_critical_event_goes_before_the_backlog(collector, fast_config):
     assert stats.delivered == 501
     spool.shutdown(5_000)
     assert urgent
+
+
+def test_encryption_key_seals_the_store_and_a_wrong_key_is_refused_by_id(collector, fast_config, tmp_path):
+    # Bytes the app would take from the iOS Keychain or the Android Keystore.
+    key = bytes(range(32))
+    keys = [eventspool.EncryptionKey(key_id=1, key=key)]
+    spool = EventSpool(fast_config(collector.url, encryption_keys=keys), start_offline=True)
+    for i in range(20):
+        spool.track("checkout", json.dumps({"email": f"py-secret-{i:02}"}))
+    spool.shutdown(5_000)
+    store_files = [f for f in tmp_path.iterdir() if f.is_file() and f.name.startswith("events.db")]
+    assert store_files, "the store wrote its files"
+    for f in store_files:
+        assert b"py-secret-" not in f.read_bytes(), f"plain text in {f.name}"
+
+    wrong = [eventspool.EncryptionKey(key_id=1, key=bytes(32))]
+    with pytest.raises(SpoolError.EncryptionKey) as refused:
+        EventSpool(fast_config(collector.url, encryption_keys=wrong))
+    assert refused.value.key_id == 1
+    with pytest.raises(SpoolError.EncryptionKey) as missing:
+        EventSpool(fast_config(collector.url))
+    assert missing.value.key_id == 1
+    with pytest.raises(SpoolError.InvalidConfig) as short:
+        EventSpool(fast_config(collector.url, encryption_keys=[eventspool.EncryptionKey(key_id=1, key=b"short")]))
+    assert short.value.field == "encryption_keys"
+
+    spool = EventSpool(fast_config(collector.url, encryption_keys=keys))
+    assert spool.wait_drained(20_000)
+    assert collector.distinct() == 20
+    spool.shutdown(5_000)

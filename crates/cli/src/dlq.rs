@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use clap::{Args, Subcommand};
 use eventspool::admin::{self, StoreAdmin};
 use eventspool::format_timestamp;
-use eventspool::{ListFilter, QuarantinedEvent, Selector};
+use eventspool::{EncryptionKeys, ListFilter, QuarantinedEvent, Selector, SettingValue};
 use serde_json::{Value, json};
 
 use crate::{CmdResult, EXIT_OK, Failure, print_json};
@@ -22,7 +22,20 @@ Examples:
   eventspool dlq list --db events.db --reason bad_request --limit 20
   eventspool dlq show --db events.db 0193a5e2-8f1c-7d2e-9b1a-3c4d5e6f7a8b
   eventspool dlq redrive --db events.db --all && eventspool flush --endpoint URL --db events.db
-  eventspool dlq purge --db events.db --reason too_large";
+  eventspool dlq purge --db events.db --reason too_large
+
+An encrypted store (config encryption_keys) needs its keys in the environment, in the text form
+of that setting: EVENTSPOOL_ENCRYPTION_KEYS=ID:HEX64[,ID:HEX64...] (never on the command line,
+where other users can read it). Without them every command refuses, naming the key id it needs.";
+
+/// Where the `dlq` commands take an encrypted store's keys from.
+pub const KEYS_ENV: &str = "EVENTSPOOL_ENCRYPTION_KEYS";
+
+/// The store's keys from [`KEYS_ENV`] (none when unset).
+fn keys() -> Result<EncryptionKeys, Failure> {
+    let text = std::env::var(KEYS_ENV).unwrap_or_default();
+    EncryptionKeys::parse(KEYS_ENV, &text).map_err(|e| Failure::error(e.to_string()))
+}
 
 #[derive(Subcommand)]
 pub enum DlqCommand {
@@ -33,7 +46,7 @@ pub enum DlqCommand {
     List {
         #[arg(long)]
         db: PathBuf,
-        /// Only this reason: rejected, bad_request, too_large or max_sends.
+        /// Only this reason: rejected, bad_request, too_large, max_sends or undecryptable.
         #[arg(long)]
         reason: Option<String>,
         /// At most this many (0: all).
@@ -105,12 +118,22 @@ fn open(db: &Path) -> Result<StoreAdmin, Failure> {
     if !db.exists() {
         return Err(Failure::error(format!("no store at {}", db.display())));
     }
-    StoreAdmin::open(db).map_err(|e| Failure::error(e.to_string()))
+    StoreAdmin::open(db, &keys()?).map_err(|e| Failure::error(with_key_hint(e)))
+}
+
+/// An error, with how to supply the key when it is about one.
+fn with_key_hint(e: eventspool::Error) -> String {
+    match e {
+        e @ eventspool::Error::EncryptionKey { .. } => {
+            format!("{e} (set {KEYS_ENV}=ID:HEX64[,...] to the store's encryption_keys)")
+        }
+        e => e.to_string(),
+    }
 }
 
 /// A read-only command's error: the message names the file (and says nothing was changed).
 fn read_failure(e: eventspool::Error) -> Failure {
-    Failure::error(format!("{e} (the file was not changed)"))
+    Failure::error(format!("{} (the file was not changed)", with_key_hint(e)))
 }
 
 fn entry(e: &QuarantinedEvent, payload: bool) -> Value {
@@ -151,13 +174,13 @@ pub fn run(cmd: DlqCommand) -> CmdResult {
                 offset: 0,
                 limit,
             };
-            let entries = admin::quarantine_list(&db, &filter).map_err(read_failure)?;
+            let entries = admin::quarantine_list(&db, &keys()?, &filter).map_err(read_failure)?;
             for e in entries {
                 print_json(&entry(&e, show_payload));
             }
         }
         DlqCommand::Show { db, id } => {
-            match admin::quarantine_get(&db, &id).map_err(read_failure)? {
+            match admin::quarantine_get(&db, &keys()?, &id).map_err(read_failure)? {
                 Some(e) => print_json(&entry(&e, true)),
                 None => return Err(Failure::error(format!("no quarantined event with id {id}"))),
             }

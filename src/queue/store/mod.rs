@@ -19,8 +19,10 @@ use std::sync::{Mutex, MutexGuard};
 use rusqlite::{Connection, ErrorCode, Transaction, params};
 use uuid::Uuid;
 
+use crate::crypto::Keyring;
 use crate::error::{Error, Result};
 use crate::event::{EventId, LANE_CRITICAL, LANE_NORMAL, QueuedEvent, SendNote};
+use crate::quarantine::{QuarantinedEvent, reason};
 use crate::shared::lock;
 
 use quarantine_sql::ByteLimits;
@@ -101,6 +103,11 @@ pub struct Store {
     lock: Mutex<Option<File>>,
     /// Transactions that wrote queued events: group commit is visible in it.
     insert_transactions: AtomicU64,
+    /// The keys rows are sealed and opened with (crypto.rs); plain text without any.
+    keys: Keyring,
+    /// Queued rows [`Store::oldest`] found undecryptable and moved to the quarantine, not yet
+    /// counted by the queue ([`Store::take_undecryptable`]).
+    undecryptable: AtomicU64,
 }
 
 /// A store as opened: the file may have been moved aside and replaced.
@@ -130,18 +137,26 @@ fn storage(what: &str, path: &Path, e: impl std::fmt::Display) -> Error {
 }
 
 impl Store {
-    pub fn open(path: &Path, max_disk_bytes: u64, wall_ms: i64) -> Result<Opened> {
+    /// Opens (or creates) the store. With `keys`, a wrong or missing key for the rows it holds
+    /// is refused here, naming the key id, and the file is left as it is (never moved aside:
+    /// the rows are fine, the key is not).
+    pub fn open(path: &Path, max_disk_bytes: u64, wall_ms: i64, keys: Keyring) -> Result<Opened> {
         let lock = acquire_lock(path)?;
         create_private(path)?;
         let budget = DiskBudget::new(max_disk_bytes);
         match Store::connect(path, budget, wall_ms) {
-            Ok(Ok((conn, rows, page_size))) => Ok(Opened {
-                store: Store::new(conn, path, budget, rows, page_size, lock),
-                recovered: None,
-            }),
-            Ok(Err(unusable)) => Store::recover(path, budget, lock, unusable.to_string(), wall_ms),
+            Ok(Ok((conn, rows, page_size))) => {
+                check_keys(&conn, &keys, path, true)?;
+                Ok(Opened {
+                    store: Store::new(conn, path, budget, rows, page_size, lock, keys),
+                    recovered: None,
+                })
+            }
+            Ok(Err(unusable)) => {
+                Store::recover(path, budget, lock, unusable.to_string(), wall_ms, keys)
+            }
             Err(e) if is_corruption(&e) => {
-                Store::recover(path, budget, lock, e.to_string(), wall_ms)
+                Store::recover(path, budget, lock, e.to_string(), wall_ms, keys)
             }
             Err(e) => Err(storage("cannot open store", path, e)),
         }
@@ -154,6 +169,7 @@ impl Store {
         rows: u64,
         page_size: u64,
         lock: File,
+        keys: Keyring,
     ) -> Store {
         Store {
             conn: Mutex::new(conn),
@@ -164,6 +180,8 @@ impl Store {
             leased: Mutex::new(Vec::new()),
             lock: Mutex::new(Some(lock)),
             insert_transactions: AtomicU64::new(0),
+            keys,
+            undecryptable: AtomicU64::new(0),
         }
     }
 
@@ -175,6 +193,7 @@ impl Store {
         lock: File,
         reason: String,
         wall_ms: i64,
+        keys: Keyring,
     ) -> Result<Opened> {
         let aside = PathBuf::from(format!("{}.unusable-{wall_ms}", path.display()));
         for suffix in ["", "-wal", "-shm"] {
@@ -187,10 +206,13 @@ impl Store {
         tracing::warn!(path = %path.display(), moved_to = %aside.display(), %reason, "store unusable, moved aside");
         create_private(path)?;
         match Store::connect(path, budget, wall_ms) {
-            Ok(Ok((conn, rows, page_size))) => Ok(Opened {
-                store: Store::new(conn, path, budget, rows, page_size, lock),
-                recovered: Some((aside, reason)),
-            }),
+            Ok(Ok((conn, rows, page_size))) => {
+                check_keys(&conn, &keys, path, true)?;
+                Ok(Opened {
+                    store: Store::new(conn, path, budget, rows, page_size, lock, keys),
+                    recovered: Some((aside, reason)),
+                })
+            }
             Ok(Err(unusable)) => Err(storage("fresh store unusable", path, unusable)),
             Err(e) => Err(storage("cannot create store", path, e)),
         }
@@ -286,17 +308,20 @@ impl Store {
             {
                 let mut stmt = tx.prepare_cached(INSERT_EVENT)?;
                 let mut id_buf = Uuid::encode_buffer();
+                let key_id = self.keys.current_id();
                 for e in &events[start..end] {
                     let id = e.id.0.hyphenated().encode_lower(&mut id_buf);
+                    let body = self.keys.seal(BODY, id, &e.json);
                     report.inserted += stmt.execute(params![
                         e.seq as i64,
                         e.ts_ms,
                         &*id,
-                        &*e.json,
+                        body,
                         e.accepted_ms,
                         e.sends,
                         e.unanswered,
-                        e.lane()
+                        e.lane(),
+                        key_id
                     ])? as u64;
                 }
             }
@@ -371,45 +396,87 @@ impl Store {
     }
 
     /// The oldest queued events in delivery order (never the leased ones), for the next batch.
+    /// A row whose body does not open with its key (damaged on disk) is moved to the
+    /// quarantine as `undecryptable` instead, and counted for [`Store::take_undecryptable`].
     pub fn oldest(&self, limit: usize) -> Result<Vec<QueuedEvent>> {
         let leased = self.leased().clone();
-        let conn = self.conn();
-        let mut stmt = conn.prepare_cached(
-            "SELECT seq, ts, event_id, body, accepted, sends, unanswered, lane FROM events
-             ORDER BY lane, ts, seq LIMIT ?1",
-        )?;
-        // Rows in flight, and rows whose id does not parse, are skipped before their body is
-        // copied out.
-        let rows = stmt.query_map([(limit + leased.len()) as i64], |r| {
-            let seq = r.get::<_, i64>(0)? as u64;
-            if leased.contains(&seq) {
-                return Ok(None);
-            }
-            let Ok(id) = Uuid::try_parse(r.get_ref(2)?.as_str()?) else {
-                return Ok(None);
-            };
-            Ok(Some(QueuedEvent {
-                ts_ms: r.get(1)?,
-                seq,
-                id: EventId(id),
-                json: r.get::<_, String>(3)?.into_boxed_str(),
-                accepted_ms: r.get(4)?,
-                sends: r.get(5)?,
-                unanswered: r.get(6)?,
-                critical: r.get::<_, i64>(7)? == i64::from(crate::event::LANE_CRITICAL),
-            }))
-        })?;
         let mut out = Vec::with_capacity(limit);
-        for row in rows {
-            let Some(event) = row? else {
-                continue;
-            };
-            out.push(event);
-            if out.len() == limit {
-                break;
+        let mut unreadable: Vec<(u64, QuarantinedEvent)> = Vec::new();
+        {
+            let conn = self.conn();
+            let mut stmt = conn.prepare_cached(
+                "SELECT seq, ts, event_id, body, accepted, sends, unanswered, key_id, lane
+                 FROM events ORDER BY lane, ts, seq LIMIT ?1",
+            )?;
+            // Rows in flight, and rows whose id does not parse, are skipped before their body
+            // is opened.
+            let rows = stmt.query_map([(limit + leased.len()) as i64], |r| {
+                let seq = r.get::<_, i64>(0)? as u64;
+                if leased.contains(&seq) {
+                    return Ok(None);
+                }
+                let id_text = r.get_ref(2)?.as_str()?;
+                let Ok(id) = Uuid::try_parse(id_text) else {
+                    return Ok(None);
+                };
+                let key_id: u32 = r.get(7)?;
+                let ts_ms: i64 = r.get(1)?;
+                let sends: u32 = r.get(5)?;
+                match self.keys.open(key_id, BODY, id_text, r.get_ref(3)?) {
+                    Ok(json) => Ok(Some(Ok(QueuedEvent {
+                        ts_ms,
+                        seq,
+                        id: EventId(id),
+                        json: json.into_boxed_str(),
+                        accepted_ms: r.get(4)?,
+                        sends,
+                        unanswered: r.get(6)?,
+                        critical: r.get::<_, i64>(8)? == i64::from(LANE_CRITICAL),
+                    }))),
+                    Err(_) => Ok(Some(Err((
+                        seq,
+                        undecryptable_entry(id_text, ts_ms, sends, key_id),
+                    )))),
+                }
+            })?;
+            for row in rows {
+                match row? {
+                    None => continue,
+                    Some(Ok(event)) => out.push(event),
+                    Some(Err(bad)) => unreadable.push(bad),
+                }
+                if out.len() == limit {
+                    break;
+                }
             }
         }
+        if !unreadable.is_empty() {
+            self.quarantine_undecryptable(unreadable)?;
+        }
         Ok(out)
+    }
+
+    /// Moves undecryptable queued rows to the quarantine in one transaction (their queued rows
+    /// go in it too), so nothing leaves without a trace.
+    fn quarantine_undecryptable(&self, rows: Vec<(u64, QuarantinedEvent)>) -> Result<()> {
+        let (seqs, entries): (Vec<u64>, Vec<QuarantinedEvent>) = rows.into_iter().unzip();
+        tracing::warn!(
+            events = seqs.len(),
+            "stored events failed authentication; quarantined as undecryptable"
+        );
+        // The quarantine's count and age limits are applied by its next regular insert, which
+        // knows the spool's clock; the byte limits hold now.
+        let before = self.len();
+        self.with_quarantine_moving(&seqs, |q| q.add(&entries, u64::MAX, i64::MIN))?;
+        let moved = before.saturating_sub(self.len());
+        self.undecryptable.fetch_add(moved, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Queued rows moved to the quarantine as undecryptable since the last call: the queue
+    /// counts them quarantined.
+    pub fn take_undecryptable(&self) -> u64 {
+        self.undecryptable.swap(0, Ordering::Relaxed)
     }
 
     /// Marks events as part of the batch in flight.
@@ -630,7 +697,7 @@ impl Store {
                 moved += stmt.execute([*seq as i64])? as u64;
             }
         }
-        let out = f(&QuarantineSql::bounded(&tx, limits))?;
+        let out = f(&QuarantineSql::bounded(&tx, limits, &self.keys))?;
         tx.commit()?;
         if conn.total_changes() != before {
             self.checkpoint_if_needed(&conn)?;
@@ -659,11 +726,12 @@ impl Store {
                     next_seq() as i64,
                     e.ts_ms,
                     e.event_id,
-                    e.body,
+                    self.keys.seal(BODY, &e.event_id, &e.body),
                     now_ms,
                     e.sends,
                     0,
-                    crate::event::LANE_NORMAL
+                    LANE_NORMAL,
+                    self.keys.current_id()
                 ])? as u64;
             }
             Ok(n)
@@ -675,8 +743,95 @@ impl Store {
 
 /// The one way a row enters the queue (spill, persist, redrive); an id already queued is kept.
 const INSERT_EVENT: &str =
-    "INSERT OR IGNORE INTO events (seq, ts, event_id, body, accepted, sends, unanswered, lane)
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)";
+    "INSERT OR IGNORE INTO events (seq, ts, event_id, body, accepted, sends, unanswered, lane, key_id)
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)";
+
+/// The associated-data name of a queued event's body (crypto.rs).
+const BODY: &str = "events.body";
+
+/// The quarantine entry of a row whose payload is lost: its id, timestamp and sends are kept.
+fn undecryptable_entry(event_id: &str, ts_ms: i64, sends: u32, key_id: u32) -> QuarantinedEvent {
+    let now_ms = chrono::Utc::now().timestamp_millis();
+    QuarantinedEvent {
+        event_id: event_id.to_string(),
+        ts_ms,
+        body: String::new(),
+        reason: reason::UNDECRYPTABLE.to_string(),
+        detail: format!(
+            "sealed with encryption key id {key_id}; the stored ciphertext failed authentication (damaged on disk), its payload is lost"
+        ),
+        status: None,
+        attempts: 0,
+        first_failed_ms: now_ms,
+        last_failed_ms: now_ms,
+        sends,
+    }
+}
+
+/// Refuses a wrong or missing key by id before anything is read or written with it. With
+/// `write` (the owner), records a check value for each supplied key not seen before and forgets
+/// a key no longer supplied once no row uses it (rotation is complete).
+pub(crate) fn check_keys(
+    conn: &Connection,
+    keys: &Keyring,
+    path: &Path,
+    write: bool,
+) -> Result<()> {
+    let recorded: Vec<(u32, Vec<u8>)> = {
+        let mut stmt = conn.prepare("SELECT key_id, check_record FROM keys ORDER BY key_id")?;
+        stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+            .collect::<rusqlite::Result<_>>()?
+    };
+    for (key_id, record) in &recorded {
+        let key_id = *key_id;
+        if keys.has(key_id) {
+            if !keys.verifies(key_id, record) {
+                return Err(Error::EncryptionKey {
+                    key_id,
+                    reason: format!(
+                        "the key supplied for this id is not the one the store {} was sealed with; nothing was read or changed",
+                        path.display()
+                    ),
+                });
+            }
+        } else if rows_sealed_with(conn, key_id)? {
+            return Err(Error::EncryptionKey {
+                key_id,
+                reason: format!(
+                    "the store {} holds events sealed with this key id, and encryption_keys does not supply it (supplied ids: {:?}); nothing was read or changed",
+                    path.display(),
+                    keys.ids()
+                ),
+            });
+        } else if write {
+            conn.execute("DELETE FROM keys WHERE key_id = ?1", [key_id])?;
+        }
+    }
+    if write {
+        for key_id in keys.ids() {
+            if recorded.iter().all(|(id, _)| *id != key_id)
+                && let Some(record) = keys.check_record(key_id)
+            {
+                conn.execute(
+                    "INSERT INTO keys (key_id, check_record) VALUES (?1, ?2)",
+                    params![key_id, record],
+                )?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether any queued or quarantined row is sealed with `key_id` (a scan, run only for a key
+/// that is recorded but not supplied).
+fn rows_sealed_with(conn: &Connection, key_id: u32) -> Result<bool> {
+    Ok(conn.query_row(
+        "SELECT EXISTS(SELECT 1 FROM events WHERE key_id = ?1)
+             OR EXISTS(SELECT 1 FROM quarantine WHERE key_id = ?1)",
+        [key_id],
+        |r| r.get(0),
+    )?)
+}
 
 /// How far the database is over `db_bytes`, after handing free pages back to the file system:
 /// `page_count` is the file's size after commit (free pages included), so freed pages are
@@ -820,7 +975,7 @@ mod tests {
         const CAP: u64 = 256 * 1024;
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("s.db");
-        let store = Store::open(&path, CAP, 0).unwrap().store;
+        let store = Store::open(&path, CAP, 0, Keyring::plain()).unwrap().store;
         let live: Vec<_> = (1..=200).map(|s| event(s, 300)).collect();
         let report = store.insert(&live).unwrap();
         assert_eq!((report.inserted, report.evicted), (200, 0));
@@ -885,7 +1040,9 @@ mod tests {
                 .collect()
         };
         {
-            let big = Store::open(&path, 10 << 20, 0).unwrap().store;
+            let big = Store::open(&path, 10 << 20, 0, Keyring::plain())
+                .unwrap()
+                .store;
             let batch = dead(400);
             let e = big
                 .with_quarantine(|q| q.add(&batch, 1_000_000, i64::MIN))
@@ -894,7 +1051,7 @@ mod tests {
             big.release_ownership();
         }
         const CAP: u64 = 256 * 1024;
-        let store = Store::open(&path, CAP, 0).unwrap().store;
+        let store = Store::open(&path, CAP, 0, Keyring::plain()).unwrap().store;
         let live: Vec<_> = (100_000..100_200).map(|s| event(s, 300)).collect();
         let report = store.insert(&live).unwrap();
         assert_eq!(report.evicted, 0, "no queued event evicted: {report:?}");

@@ -7,7 +7,7 @@
 use rusqlite::{Connection, OptionalExtension};
 
 /// The version this build writes.
-pub const SCHEMA_VERSION: i64 = 3;
+pub const SCHEMA_VERSION: i64 = 4;
 
 /// Stands, in a step, for the wall clock at the upgrade (ms since the epoch, UTC): [`migrate`]
 /// writes it in as an integer literal before the step runs.
@@ -76,7 +76,20 @@ const MIGRATIONS: &[&str] = &[
         id   INTEGER PRIMARY KEY,          -- the report's id, per install, increasing
         body TEXT NOT NULL                 -- its wire JSON, exactly as it is resent
     );",
+    // 3 → 4: encryption at rest (crypto.rs). Each row records the key that sealed its payload
+    // columns (events.body; quarantine body, reason, detail): 0 is plain text, which is what
+    // every row of an older store is, and stays readable as such. `keys` holds, per key id,
+    // a value sealed with that key, so a wrong or missing key is refused at open by id.
+    ENCRYPTION_STEP,
 ];
+
+/// The 2 → 3 step on its own, so it can move to another index when steps are renumbered.
+const ENCRYPTION_STEP: &str = "ALTER TABLE events ADD COLUMN key_id INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE quarantine ADD COLUMN key_id INTEGER NOT NULL DEFAULT 0;
+    CREATE TABLE keys (
+        key_id INTEGER PRIMARY KEY,
+        check_record BLOB NOT NULL         -- a known text sealed with the key (crypto.rs)
+    );";
 
 /// Why an existing file cannot be used as a store.
 #[derive(Debug)]
@@ -314,7 +327,13 @@ mod tests {
             )
             .unwrap();
         }
-        let opened = crate::queue::store::Store::open(&path, 1 << 20, 5_000).unwrap();
+        let opened = crate::queue::store::Store::open(
+            &path,
+            1 << 20,
+            5_000,
+            crate::crypto::Keyring::plain(),
+        )
+        .unwrap();
         assert!(
             opened.recovered.is_none(),
             "a v1 file is ours, not moved aside"

@@ -5,6 +5,7 @@ import java.nio.file.Path
 import java.util.concurrent.atomic.AtomicInteger
 import org.junit.jupiter.api.AfterEach
 import org.junit.jupiter.api.Assertions.assertEquals
+import org.junit.jupiter.api.Assertions.assertFalse
 import org.junit.jupiter.api.Assertions.assertTrue
 import org.junit.jupiter.api.BeforeEach
 import org.junit.jupiter.api.Test
@@ -15,6 +16,7 @@ import uniffi.eventspool.DeferReason
 import uniffi.eventspool.DeliveryObserver
 import uniffi.eventspool.DeliveryState
 import uniffi.eventspool.DeliveryStatus
+import uniffi.eventspool.EncryptionKey
 import uniffi.eventspool.EventSpool
 import uniffi.eventspool.NewEvent
 import uniffi.eventspool.ObserverHandle
@@ -39,6 +41,31 @@ class EventSpoolTest {
 
     private fun EventSpool.trackMany(n: Int, name: String = "screen_view"): List<String> =
         (0 until n).map { track(name, """{"screen":"s-${it % 7}","i":$it}""") }
+
+    @Test
+    fun `a key from the Keystore seals the store, and a wrong or missing key is refused by id`() {
+        // Bytes the app would unwrap with an Android Keystore key.
+        val key = ByteArray(32) { it.toByte() }
+        val config = fastConfig(collector.url, db).copy(encryptionKeys = listOf(EncryptionKey(1u, key)))
+        EventSpool(config, startOffline = true).use { spool ->
+            repeat(20) { spool.track("checkout", "{\"email\":\"kt-secret-$it\"}") }
+        }
+        val storeFiles = dir.toFile().listFiles()!!.filter { it.isFile && it.name.startsWith("events.db") }
+        assertTrue(storeFiles.isNotEmpty(), "the store wrote its files")
+        for (f in storeFiles) {
+            assertFalse(String(f.readBytes(), Charsets.ISO_8859_1).contains("kt-secret-"), "plain text in ${f.name}")
+        }
+        val wrong = assertThrows<SpoolException.EncryptionKey> {
+            EventSpool(config.copy(encryptionKeys = listOf(EncryptionKey(1u, ByteArray(32)))))
+        }
+        assertEquals(1u, wrong.keyId)
+        val missing = assertThrows<SpoolException.EncryptionKey> { EventSpool(config.copy(encryptionKeys = null)) }
+        assertEquals(1u, missing.keyId)
+        EventSpool(config).use { spool ->
+            assertTrue(spool.waitDrained(20_000uL))
+            assertEquals(20L, collector.distinct())
+        }
+    }
 
     @Test
     fun `tracked offline then drained`() {

@@ -2,10 +2,11 @@
 //! a real outage: kill the process and the port refuses connections; start it again on the same
 //! port with the same `--db` and the events it stored still count as stored.
 //!
-//! `collector_process [--listen 127.0.0.1:PORT] [--db PATH] [--script STATUS[:RETRY_AFTER]]...`
+//! `collector_process [--listen 127.0.0.1:PORT] [--db PATH] [--script STATUS[:RETRY_AFTER]|pass]...`
 //!
 //! Each `--script` queues one answer for the next POST, in order (`--script 503:1` is a 503 with
-//! `Retry-After: 1`); the requests after the script are handled normally. A suite that needs a
+//! `Retry-After: 1`, `pass` handles that one request normally, so a script can let some batches
+//! through before answering 503); the requests after the script are handled normally. A suite that needs a
 //! collector telling it to come back later uses it (the Android job's `RetryAfter`).
 //!
 //! Prints the batch URL on the first stdout line (the real port when PORT is 0), then serves
@@ -15,6 +16,7 @@
 use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use eventspool_collector::{CollectorConfig, ReferenceCollector, Scripted};
 
@@ -47,7 +49,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             "--script" => script.push(parse_script(&value("--script")?)?),
             other => {
                 return Err(format!(
-                    "unknown argument '{other}' (known: --listen ADDR, --db PATH, --script STATUS[:RETRY_AFTER])"
+                    "unknown argument '{other}' (known: --listen ADDR, --db PATH, --script STATUS[:RETRY_AFTER]|pass)"
                 )
                 .into());
             }
@@ -67,8 +69,11 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// `STATUS` or `STATUS:RETRY_AFTER` (the header's value as sent, e.g. delta-seconds).
+/// `pass`, `STATUS` or `STATUS:RETRY_AFTER` (the header's value as sent, e.g. delta-seconds).
 fn parse_script(text: &str) -> Result<Scripted, String> {
+    if text == "pass" {
+        return Ok(Scripted::Delay(Duration::ZERO));
+    }
     let (status, retry_after) = match text.split_once(':') {
         Some((status, retry_after)) => (status, Some(retry_after)),
         None => (text, None),
@@ -77,7 +82,9 @@ fn parse_script(text: &str) -> Result<Scripted, String> {
         .parse::<u16>()
         .ok()
         .filter(|s| (100..=599).contains(s))
-        .ok_or_else(|| format!("--script '{text}': the status must be a number in 100..=599"))?;
+        .ok_or_else(|| {
+            format!("--script '{text}': 'pass' or a status, a number in 100..=599")
+        })?;
     let headers = match retry_after {
         Some("") => return Err(format!("--script '{text}': Retry-After after ':' is empty")),
         Some(value) => vec![("Retry-After".to_string(), value.to_string())],

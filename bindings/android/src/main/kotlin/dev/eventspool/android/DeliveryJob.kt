@@ -34,8 +34,15 @@ object DeliveryJob {
     @JvmField var budgetMs: Long = 60_000
     /** The delay of the job after a budget that ran out with events pending. */
     const val AGAIN_SOON_MS = 1_000L
-    /** False for an app that runs [drain] from its own scheduler (WorkManager): no job is scheduled then. */
+    /** False: no job is scheduled at all (an app that drains from its own code and needs no restarts). */
     @JvmField @Volatile var enabled: Boolean = true
+
+    /**
+     * For an app with its own scheduler (WorkManager): called instead of JobScheduler with the
+     * delay of the next drain, whenever this layer would schedule its job (background, a
+     * validated network or cleared conditions with events pending, a `RetryAfter`).
+     */
+    @JvmField @Volatile var scheduler: ((context: Context, delayMs: Long) -> Unit)? = null
 
     /**
      * The bounded drain alone, for an app's own worker: what to do next, nothing scheduled.
@@ -53,6 +60,7 @@ object DeliveryJob {
     @JvmStatic
     fun schedule(context: Context, delayMs: Long) {
         if (!enabled) return
+        scheduler?.let { return it(context, delayMs.coerceAtLeast(0)) }
         val info = JobInfo.Builder(JOB_ID, ComponentName(context, DeliveryJobService::class.java))
             .setRequiredNetworkType(JobInfo.NETWORK_TYPE_ANY)
             .setMinimumLatency(delayMs.coerceAtLeast(0))

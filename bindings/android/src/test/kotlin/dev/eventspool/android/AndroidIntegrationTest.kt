@@ -55,6 +55,7 @@ class AndroidIntegrationTest {
 
     @After
     fun tearDown() {
+        DeliveryJob.scheduler = null
         EventSpoolAndroid.uninstall()
         collector.stop()
     }
@@ -234,6 +235,20 @@ class AndroidIntegrationTest {
         assertNotNull("the network callback starts the job", pendingJob())
         assertEquals(JobNext.Done, DeliveryJob.run(app, budgetMs = 20_000))
         assertEquals(5L, collector.distinct())
+    }
+
+    @Test
+    fun `an app's own scheduler gets every restart instead of JobScheduler`() {
+        val asked = java.util.concurrent.CopyOnWriteArrayList<Long>()
+        DeliveryJob.scheduler = { _, delayMs -> asked += delayMs }
+        val spool = EventSpoolAndroid.install(app, config())
+        repeat(5) { spool.track("own", mapOf("i" to it)) }
+        assertTrue(DeliveryJob.drain(spool, budgetMs = 3_000) is JobNext.Blocked)
+        network(validated = true)
+        assertEquals("the validated network asks for a drain now", listOf(0L), asked)
+        assertEquals(JobNext.Done, DeliveryJob.drain(spool, budgetMs = 20_000))
+        assertEquals(5L, collector.distinct())
+        assertEquals("nothing went to JobScheduler", null, pendingJob())
     }
 
     @Test

@@ -82,9 +82,7 @@ fn parse_script(text: &str) -> Result<Scripted, String> {
         .parse::<u16>()
         .ok()
         .filter(|s| (100..=599).contains(s))
-        .ok_or_else(|| {
-            format!("--script '{text}': 'pass' or a status, a number in 100..=599")
-        })?;
+        .ok_or_else(|| format!("--script '{text}': 'pass' or a status, a number in 100..=599"))?;
     let headers = match retry_after {
         Some("") => return Err(format!("--script '{text}': Retry-After after ':' is empty")),
         Some(value) => vec![("Retry-After".to_string(), value.to_string())],

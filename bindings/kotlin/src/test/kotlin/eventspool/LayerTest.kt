@@ -16,7 +16,10 @@ import org.junit.jupiter.api.BeforeEach
 import org.junit.jupiter.api.Test
 import org.junit.jupiter.api.assertThrows
 import org.junit.jupiter.api.io.TempDir
+import uniffi.eventspool.DeferReason
+import uniffi.eventspool.DeliveryConditions
 import uniffi.eventspool.DeliveryState
+import uniffi.eventspool.DrainOutcome
 import uniffi.eventspool.SpoolException
 
 /** The hand-written Kotlin layer (dev.eventspool) against the real library and a collector process. */
@@ -38,6 +41,23 @@ class LayerTest {
         "screen" to "s-${i % 7}", "i" to i, "ratio" to i / 3.0, "ok" to (i % 2 == 0), "none" to null,
         "tags" to listOf("a", "b"), "cart" to mapOf("items" to listOf(1, 2, 3), "total" to 12.5),
     )
+
+    @Test
+    fun `deliverWithin hands over what track accepted, is Blocked while deferred, Drained after`() {
+        Spool(fastConfig(collector.url, db).apply { deliverOnMetered = false }).use { spool ->
+            spool.setConditions(DeliveryConditions(metered = true))
+            repeat(40) { spool.track("job", props(it)) }
+            val blocked = runBlocking { spool.deliverWithin(5_000) }
+            assertTrue(blocked is DrainOutcome.Blocked, "$blocked")
+            assertEquals(DeliveryState.Deferred(DeferReason.METERED), (blocked as DrainOutcome.Blocked).status.state)
+            assertEquals(40uL, blocked.status.pending, "the 40 were handed over before the drain")
+            assertEquals(0L, collector.requests())
+
+            spool.setConditions(DeliveryConditions(metered = false))
+            assertEquals(DrainOutcome.Drained, spool.deliverWithinBlocking(20_000))
+            assertEquals(40L, collector.distinct())
+        }
+    }
 
     @Test
     fun `track with a map hands off, then delivers each event once under its returned id`() {

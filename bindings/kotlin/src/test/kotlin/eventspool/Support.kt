@@ -27,7 +27,11 @@ import uniffi.eventspool.TransportResponse
  * connections), [start] the recovery on the same port with the same database, so events stored
  * before the outage still count as stored.
  */
-class CollectorProcess(private val db: Path) : AutoCloseable {
+class CollectorProcess(
+    private val db: Path,
+    /** Answers for the first POSTs, in order, as `collector_process --script` takes them ("503:1"). */
+    private val script: List<String> = emptyList(),
+) : AutoCloseable {
     private val binary = System.getProperty("eventspool.collector")
         ?: error("system property eventspool.collector (path of collector_process) is not set")
     private var process: Process? = null
@@ -37,7 +41,8 @@ class CollectorProcess(private val db: Path) : AutoCloseable {
         private set
 
     fun start(): CollectorProcess {
-        val p = ProcessBuilder(binary, "--listen", "127.0.0.1:$port", "--db", db.toString())
+        val args = listOf(binary, "--listen", "127.0.0.1:$port", "--db", db.toString()) + script.flatMap { listOf("--script", it) }
+        val p = ProcessBuilder(args)
             .redirectError(ProcessBuilder.Redirect.INHERIT)
             .start()
         val line = BufferedReader(InputStreamReader(p.inputStream)).readLine()
@@ -57,10 +62,18 @@ class CollectorProcess(private val db: Path) : AutoCloseable {
     }
 
     /** Distinct event ids stored, from the collector's `GET /stats`. */
-    fun distinct(): Long {
+    fun distinct(): Long = stat("distinct")
+
+    /** Event copies received (duplicates included). */
+    fun received(): Long = stat("received")
+
+    /** Batch requests answered, scripted ones included. */
+    fun requests(): Long = stat("requests")
+
+    private fun stat(name: String): Long {
         val request = HttpRequest.newBuilder(URI("http://127.0.0.1:$port/stats")).GET().build()
         val body = plainClient.send(request, HttpResponse.BodyHandlers.ofString()).body()
-        return Regex("\"distinct\"\\s*:\\s*(\\d+)").find(body)!!.groupValues[1].toLong()
+        return Regex("\"$name\"\\s*:\\s*(\\d+)").find(body)!!.groupValues[1].toLong()
     }
 
     override fun close() = stop()

@@ -7,8 +7,10 @@ import kotlinx.coroutines.flow.MutableStateFlow
 import kotlinx.coroutines.flow.StateFlow
 import kotlinx.coroutines.flow.asStateFlow
 import kotlinx.coroutines.runInterruptible
+import uniffi.eventspool.DeliveryConditions
 import uniffi.eventspool.DeliveryObserver
 import uniffi.eventspool.DeliveryStatus
+import uniffi.eventspool.DrainOutcome
 import uniffi.eventspool.EventSpool
 import uniffi.eventspool.HttpTransport
 import uniffi.eventspool.NewEvent
@@ -75,6 +77,9 @@ class Spool(
 
     fun setOnline(online: Boolean) = core.setOnline(online)
     fun setForeground(foreground: Boolean) = core.setForeground(foreground)
+
+    /** The device's conditions (metered, power saving, low battery); the config's `deliverOn*` decide. */
+    fun setConditions(conditions: DeliveryConditions) = core.setConditions(conditions)
     fun retryNow() = core.retryNow()
     fun state(): DeliveryStatus = core.state()
 
@@ -117,6 +122,21 @@ class Spool(
         val left = timeoutMs - (System.nanoTime() - start) / 1_000_000
         return left > 0 && core.waitDrained(left.toULong())
     }
+
+    /**
+     * The bounded drain for a platform's background job: hands over what `track()` accepted,
+     * then runs the core's `deliverWithin` with what is left of [budgetMs]. The outcome can
+     * come up to the config's `attemptTimeoutMs` after the budget (a request in flight is
+     * waited for), so pass the platform's budget minus that. Never on a UI thread.
+     */
+    fun deliverWithinBlocking(budgetMs: Long): DrainOutcome {
+        val start = System.nanoTime()
+        handoff.awaitHandedOff(budgetMs.coerceAtLeast(0))
+        val left = budgetMs - (System.nanoTime() - start) / 1_000_000
+        return core.deliverWithin(left.coerceAtLeast(0).toULong())
+    }
+
+    suspend fun deliverWithin(budgetMs: Long): DrainOutcome = runInterruptible(Dispatchers.IO) { deliverWithinBlocking(budgetMs) }
 
     /** Hands over the rest, stops delivery (waiting at most [timeoutMs] for a request), persists, releases the store. */
     suspend fun shutdown(timeoutMs: Long = 5_000) = runInterruptible(Dispatchers.IO) { shutdownBlocking(timeoutMs) }

@@ -1,33 +1,36 @@
 package dev.eventspool.android
 
 import dev.eventspool.Spool
-import uniffi.eventspool.DeliveryState
+import uniffi.eventspool.DeliveryConditions
+import uniffi.eventspool.DrainOutcome
+import uniffi.eventspool.SpoolConfig
 
 /**
  * The two calls of the Android layer into the core's platform-scheduler API, in one place:
  * the bounded drain a job runs, and the device conditions.
  */
 internal object CoreBridge {
-    /**
-     * Runs delivery for at most [budgetMs] and says what the job does next. Hands over what
-     * `track()` accepted, flushes, and waits for the drain; when it did not drain, the state
-     * says why: a retry countdown → again after it, offline / paused / disabled → blocked.
-     */
-    fun drain(spool: Spool, budgetMs: Long): JobNext {
-        spool.flushBlocking()
-        if (spool.waitDrainedBlocking(budgetMs)) return JobNext.Done
-        return when (val s = spool.state().state) {
-            is DeliveryState.RetryScheduled -> JobNext.Again(s.retryInMs.toLong())
-            is DeliveryState.WaitingForUser -> JobNext.Again(s.probeInMs.toLong())
-            is DeliveryState.Offline, is DeliveryState.Paused, is DeliveryState.Disabled -> JobNext.Blocked(s.toString())
-            else -> JobNext.Again(DeliveryJob.AGAIN_SOON_MS)
-        }
-    }
+    /** The core's `attempt_timeout_ms` default (README configuration table), for a config that leaves it unset. */
+    const val DEFAULT_ATTEMPT_TIMEOUT_MS = 10_000L
 
-    /** Hands the device's conditions to the core, whose `deliver_on_*` policy decides. */
-    @Suppress("UNUSED_PARAMETER")
+    fun attemptTimeoutMs(config: SpoolConfig): Long = config.attemptTimeoutMs?.toLong() ?: DEFAULT_ATTEMPT_TIMEOUT_MS
+
+    /**
+     * Runs the core's bounded drain inside a platform budget of [budgetMs] and says what the job
+     * does next. A request in flight when the drain's own budget ends is waited for (its answer
+     * decides whether its events go again), up to [attemptTimeoutMs]: the drain gets the platform
+     * budget minus that, so the job ends inside what the OS granted.
+     */
+    fun drain(spool: Spool, budgetMs: Long, attemptTimeoutMs: Long): JobNext =
+        when (val outcome = spool.deliverWithinBlocking((budgetMs - attemptTimeoutMs).coerceAtLeast(0))) {
+            is DrainOutcome.Drained -> JobNext.Done
+            is DrainOutcome.DeadlineReached -> JobNext.Again(DeliveryJob.AGAIN_SOON_MS)
+            is DrainOutcome.RetryAfter -> JobNext.Again(outcome.ms.toLong())
+            is DrainOutcome.Blocked -> JobNext.Blocked(outcome.status)
+        }
+
+    /** Hands the device's conditions to the core, whose `deliver_on_*` policy decides (state `Deferred(reason)`). */
     fun applyConditions(spool: Spool, conditions: DeviceConditions) {
-        // Not enforced yet: the core's set_conditions (issue 13, point 2) is not on this branch's
-        // base. Until it is, the conditions are only kept in Installation.conditions.
+        spool.setConditions(DeliveryConditions(metered = conditions.metered, lowPower = conditions.lowPower, batteryLow = conditions.batteryLow))
     }
 }

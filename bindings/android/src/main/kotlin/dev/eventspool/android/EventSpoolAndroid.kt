@@ -33,7 +33,7 @@ object EventSpoolAndroid {
         synchronized(this) {
             current?.let { return it.spool }
             val spool = Spool(config, transport = transport, startOffline = true)
-            current = Installation(application, spool).also { it.register() }
+            current = Installation(application, spool, CoreBridge.attemptTimeoutMs(config)).also { it.register() }
             spool
         }
 

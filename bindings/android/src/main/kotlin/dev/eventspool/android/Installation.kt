@@ -19,7 +19,7 @@ import java.util.concurrent.ExecutorService
 import java.util.concurrent.Executors
 
 /** Everything [EventSpoolAndroid.install] registers, so that it can be unregistered as a whole. */
-internal class Installation(val application: Application, val spool: Spool) {
+internal class Installation(val application: Application, val spool: Spool, val attemptTimeoutMs: Long) {
     /** persist() writes to disk: never on the main thread the callbacks run on. */
     private val io: ExecutorService = Executors.newSingleThreadExecutor { r -> Thread(r, "eventspool-android").apply { isDaemon = true } }
     private val connectivity = application.getSystemService(ConnectivityManager::class.java)
@@ -27,6 +27,8 @@ internal class Installation(val application: Application, val spool: Spool) {
 
     @Volatile var conditions = DeviceConditions()
         private set
+    /** The last validated state the network callback saw: a job is scheduled on the change to true only. */
+    @Volatile private var validated = false
     private var started = 0
 
     private val lifecycle = object : Application.ActivityLifecycleCallbacks {
@@ -54,11 +56,19 @@ internal class Installation(val application: Application, val spool: Spool) {
 
     private val network = object : ConnectivityManager.NetworkCallback() {
         override fun onCapabilitiesChanged(network: Network, caps: NetworkCapabilities) {
-            val validated = caps.hasCapability(NetworkCapabilities.NET_CAPABILITY_VALIDATED)
+            val now = caps.hasCapability(NetworkCapabilities.NET_CAPABILITY_VALIDATED)
+            // Conditions first: a metered network the config does not deliver on is deferred
+            // before it counts as online, so no request slips out in between.
             update(conditions.copy(metered = !caps.hasCapability(NetworkCapabilities.NET_CAPABILITY_NOT_METERED)))
-            spool.setOnline(validated)
+            spool.setOnline(now)
+            val wasValidated = validated
+            validated = now
+            if (now && !wasValidated) scheduleIfPending()
         }
-        override fun onLost(network: Network) = spool.setOnline(false)
+        override fun onLost(network: Network) {
+            validated = false
+            spool.setOnline(false)
+        }
     }
 
     private val powerReceiver = object : BroadcastReceiver() {
@@ -110,8 +120,21 @@ internal class Installation(val application: Application, val spool: Spool) {
     }
 
     private fun update(next: DeviceConditions) {
+        val before = conditions
         conditions = next
         CoreBridge.applyConditions(spool, next)
+        val cleared = (before.metered && !next.metered) || (before.lowPower && !next.lowPower) || (before.batteryLow && !next.batteryLow)
+        if (cleared && validated) scheduleIfPending()
+    }
+
+    /**
+     * A job ends without a successor when the drain was blocked (offline, deferred): this is
+     * where delivery in the background starts again, once the change happened. With nothing
+     * pending there is nothing for a job to do (what is tracked later goes out with the next
+     * background or the worker).
+     */
+    private fun scheduleIfPending() {
+        if (spool.state().pending > 0uL) DeliveryJob.schedule(application, delayMs = 0)
     }
 
     private fun batteryLowNow(): Boolean {

@@ -13,7 +13,9 @@ import android.os.PowerManager
 import eventspool.CollectorProcess
 import eventspool.fastConfig
 import eventspool.waitUntil
+import java.nio.file.Files
 import java.nio.file.Path
+import java.nio.file.StandardCopyOption
 import org.junit.After
 import org.junit.Assert.assertEquals
 import org.junit.Assert.assertNotNull
@@ -30,6 +32,7 @@ import org.robolectric.Shadows.shadowOf
 import org.robolectric.android.controller.ActivityController
 import org.robolectric.shadows.ShadowNetwork
 import org.robolectric.shadows.ShadowNetworkCapabilities
+import uniffi.eventspool.DeferReason
 import uniffi.eventspool.DeliveryState
 import uniffi.eventspool.SpoolConfig
 
@@ -52,11 +55,48 @@ class AndroidIntegrationTest {
 
     @After
     fun tearDown() {
+        DeliveryJob.scheduler = null
         EventSpoolAndroid.uninstall()
         collector.stop()
     }
 
     private fun config(): SpoolConfig = fastConfig(collector.url, db, maxBatchEvents = 50uL)
+
+    /** Broadcasts the device's power-save mode, as the system does when the user toggles it. */
+    private fun powerSave(on: Boolean) {
+        shadowOf(app.getSystemService(PowerManager::class.java)).setIsPowerSaveMode(on)
+        app.sendBroadcast(Intent(PowerManager.ACTION_POWER_SAVE_MODE_CHANGED))
+        shadowOf(Looper.getMainLooper()).idle()
+    }
+
+    private fun battery(low: Boolean) {
+        app.sendBroadcast(Intent(if (low) Intent.ACTION_BATTERY_LOW else Intent.ACTION_BATTERY_OKAY))
+        shadowOf(Looper.getMainLooper()).idle()
+    }
+
+    /**
+     * A device condition the config does not deliver under: [forbid] makes the state
+     * `Deferred(reason)` and nothing reaches the collector, even when a job drains (its
+     * `Blocked` outcome is the point where the worker has seen the flush); [allow] clears it and
+     * everything is delivered.
+     */
+    private fun deferredThenDelivered(config: SpoolConfig, reason: DeferReason, forbid: () -> Unit, allow: () -> Unit) {
+        val spool = EventSpoolAndroid.install(app, config)
+        forbid()
+        network(validated = true, metered = reason == DeferReason.METERED)
+        repeat(20) { spool.track("deferred", mapOf("i" to it)) }
+        spool.flushBlocking()
+        assertTrue("${spool.state()}", waitUntil { spool.state().state == DeliveryState.Deferred(reason) })
+        val next = DeliveryJob.run(app, budgetMs = 5_000)
+        assertTrue("$next", next is JobNext.Blocked)
+        assertEquals(DeliveryState.Deferred(reason), spool.state().state)
+        assertEquals("no request while deferred", 0L, collector.requests())
+
+        allow()
+        assertTrue(spool.waitDrainedBlocking(20_000))
+        assertEquals(20L, collector.distinct())
+        assertTrue("${spool.state()}", spool.state().state !is DeliveryState.Deferred)
+    }
 
     private val connectivity get() = app.getSystemService(ConnectivityManager::class.java)
     private val jobs get() = app.getSystemService(JobScheduler::class.java)
@@ -144,6 +184,74 @@ class AndroidIntegrationTest {
     }
 
     @Test
+    fun `a metered network defers delivery under deliverOnMetered=false, an unmetered one delivers`() {
+        val config = config().apply { deliverOnMetered = false }
+        deferredThenDelivered(config, DeferReason.METERED, forbid = {}, allow = { network(validated = true, metered = false) })
+    }
+
+    @Test
+    fun `power-save mode defers delivery, leaving it delivers`() =
+        deferredThenDelivered(config(), DeferReason.LOW_POWER, forbid = { powerSave(true) }, allow = { powerSave(false) })
+
+    @Test
+    fun `a low battery defers delivery, battery okay delivers`() =
+        deferredThenDelivered(config(), DeferReason.BATTERY_LOW, forbid = { battery(low = true) }, allow = { battery(low = false) })
+
+    @Test
+    fun `the job reschedules at the collector's Retry-After, then finishes on Drained`() {
+        collector.stop()
+        collector = CollectorProcess(tmp.root.toPath().resolve("collector-503.db"), script = listOf("503:1")).start()
+        // The drain gets the platform budget minus attempt_timeout_ms: 800 - 500 = 300 ms.
+        val spool = EventSpoolAndroid.install(app, config().apply { attemptTimeoutMs = 500uL })
+        network(validated = true)
+        repeat(10) { spool.track("job", mapOf("i" to it)) }
+        val next = DeliveryJob.run(app, budgetMs = 800)
+        assertTrue("$next", next is JobNext.Again)
+        val delay = (next as JobNext.Again).delayMs
+        // Retry-After: 1 puts the retry ~1000 ms after the 503, past the 300 ms drain.
+        assertTrue("delay $delay", delay in 301..1_000)
+        assertEquals(delay, pendingJob()!!.minLatencyMillis)
+        assertEquals(1L, collector.requests())
+        assertEquals(0L, collector.distinct())
+
+        jobs.cancel(DeliveryJob.JOB_ID) // the scheduler takes a job off its list when it starts it
+        assertEquals(JobNext.Done, DeliveryJob.run(app, budgetMs = 20_000)) // waits for the retry inside its budget
+        assertEquals(2L, collector.requests())
+        assertEquals(10L, collector.distinct())
+        assertEquals("Drained schedules no successor", null, pendingJob())
+    }
+
+    @Test
+    fun `Blocked offline schedules no job, the validated network does`() {
+        val spool = EventSpoolAndroid.install(app, config())
+        repeat(5) { spool.track("offline", mapOf("i" to it)) }
+        val next = DeliveryJob.run(app, budgetMs = 3_000)
+        assertTrue("$next", next is JobNext.Blocked)
+        assertTrue(spool.state().state is DeliveryState.Offline)
+        assertEquals("no timer loop while offline", null, pendingJob())
+        assertEquals(0L, collector.requests())
+
+        network(validated = true)
+        assertNotNull("the network callback starts the job", pendingJob())
+        assertEquals(JobNext.Done, DeliveryJob.run(app, budgetMs = 20_000))
+        assertEquals(5L, collector.distinct())
+    }
+
+    @Test
+    fun `an app's own scheduler gets every restart instead of JobScheduler`() {
+        val asked = java.util.concurrent.CopyOnWriteArrayList<Long>()
+        DeliveryJob.scheduler = { _, delayMs -> asked += delayMs }
+        val spool = EventSpoolAndroid.install(app, config())
+        repeat(5) { spool.track("own", mapOf("i" to it)) }
+        assertTrue(DeliveryJob.drain(spool, budgetMs = 3_000) is JobNext.Blocked)
+        network(validated = true)
+        assertEquals("the validated network asks for a drain now", listOf(0L), asked)
+        assertEquals(JobNext.Done, DeliveryJob.drain(spool, budgetMs = 20_000))
+        assertEquals(5L, collector.distinct())
+        assertEquals("nothing went to JobScheduler", null, pendingJob())
+    }
+
+    @Test
     fun `the job drains, and reschedules after the retry it was told of`() {
         val spool = EventSpoolAndroid.install(app, config())
         network(validated = true)
@@ -154,7 +262,7 @@ class AndroidIntegrationTest {
 
         collector.stop() // outage: the drain ends in a retry countdown or the probe
         repeat(10) { spool.track("job", mapOf("i" to it)) }
-        val next = DeliveryJob.run(app, budgetMs = 300)
+        val next = DeliveryJob.run(app, budgetMs = 2_300) // a 300 ms drain (minus attempt_timeout_ms)
         assertTrue("$next", next is JobNext.Again)
         assertEquals((next as JobNext.Again).delayMs, pendingJob()!!.minLatencyMillis)
     }
@@ -170,32 +278,79 @@ class AndroidIntegrationTest {
         assertEquals(25L, collector.distinct())
     }
 
+    /**
+     * What a killed process leaves: the store's files as they are on disk now. [restoreDiskImage]
+     * puts them back, so that a shutdown in between (the old handle must release the store's
+     * lock) leaves no trace: no final persist reaches the reopened file.
+     */
+    private fun diskImage(): Map<Path, ByteArray> =
+        Files.list(tmp.root.toPath()).use { files ->
+            files.filter { it.fileName.toString().startsWith("events.db") && !it.fileName.toString().endsWith(".lock") }
+                .toList().associateWith { Files.readAllBytes(it) }
+        }
+
+    private fun restoreDiskImage(image: Map<Path, ByteArray>) {
+        Files.list(tmp.root.toPath()).use { files ->
+            files.filter { it.fileName.toString().startsWith("events.db") && !it.fileName.toString().endsWith(".lock") }
+                .toList().forEach { Files.delete(it) }
+        }
+        image.forEach { (path, bytes) -> Files.write(path, bytes) }
+    }
+
+    /**
+     * Issue 13's acceptance story. Where the 500 events are:
+     * - all 500 are tracked in the foreground while offline (none reaches the collector);
+     * - the validated network appears: the collector takes the first 6 batches of 50 (300 events)
+     *   and answers the 7th with 503, Retry-After 3600: longer than the SDK retries on its own,
+     *   so it waits for the slow probe (`WaitingForUser`) and 200 are still pending when the app
+     *   goes to the background;
+     * - background: those 200 are persisted, and a job is scheduled;
+     * - the network goes away and the process is "killed": the store's files are taken as they are
+     *   on disk at that moment (no shutdown, no final persist), the old handle is released and
+     *   the files are put back exactly as taken;
+     * - a new process opens the same file: the 200 come back from disk; the validated network
+     *   schedules the job; the job's bounded drain delivers them and ends on Drained;
+     * - the collector holds 500 distinct ids, the 500 tracked ones (nothing re-sent under a new id).
+     */
     @Test
-    fun `the whole story - offline in foreground, validated network, background, killed, the job drains`() {
+    fun `the whole story - 500 offline in foreground, validated network, background, killed, the job drains`() {
+        collector.stop()
+        collector = CollectorProcess(tmp.root.toPath().resolve("collector-story.db"), script = List(6) { "pass" } + "503:3600").start()
         var spool = EventSpoolAndroid.install(app, config())
         val activity = foreground()
-        val ids = (0 until 300).map { spool.track("story", mapOf("i" to it, "phase" to "first")) }.toMutableList()
+        val ids = (0 until 500).map { spool.track("story", mapOf("i" to it)) }
         spool.flushBlocking()
         assertTrue(spool.state().state is DeliveryState.Offline)
-        assertEquals(0L, collector.distinct())
+        assertEquals(0L, collector.requests())
 
         network(validated = true)
-        assertTrue(spool.waitDrainedBlocking(20_000))
+        // A Retry-After past max_retry_elapsed_ms goes to the slow probe at once.
+        val waiting = waitUntil { spool.state().state is DeliveryState.WaitingForUser }
+        assertTrue("${spool.state()} requests=${collector.requests()} distinct=${collector.distinct()}", waiting)
         assertEquals(300L, collector.distinct())
+        assertEquals(200uL, spool.state().pending)
 
-        lost()
-        ids += (300 until 500).map { spool.track("story", mapOf("i" to it, "phase" to "second")) }
         background(activity)
-        assertEquals(200uL, spool.core.stats().pendingDisk)
+        assertEquals("background persists what is pending", 200uL, spool.core.stats().pendingDisk)
         assertNotNull(pendingJob())
 
-        // "Killed": the spool is dropped; a new process opens the same file.
-        EventSpoolAndroid.uninstall()
+        lost()
+        assertTrue(waitUntil { spool.state().state is DeliveryState.Offline })
+        val killed = diskImage()
+        val requestsAtKill = collector.requests()
+        EventSpoolAndroid.uninstall() // releases the store's lock; its effects are undone below
+        restoreDiskImage(killed)
+        assertEquals("the released handle sent nothing", requestsAtKill, collector.requests())
+
+        // The new process: Application.onCreate installs again on the same file.
+        jobs.cancelAll()
         spool = EventSpoolAndroid.install(app, config())
-        assertEquals(200uL, spool.core.stats().restored)
+        assertEquals("what background persisted is what survives", 200uL, spool.core.stats().restored)
         network(validated = true)
+        assertNotNull("the validated network schedules the job", pendingJob())
         assertEquals(JobNext.Done, DeliveryJob.run(app, budgetMs = 20_000))
         assertEquals(500, ids.toSet().size)
-        assertEquals(500L, collector.distinct()) // no event was re-sent under a new id
+        assertEquals("no event re-sent under a new id", 500L, collector.distinct())
+        assertEquals(0uL, spool.state().pending)
     }
 }

@@ -387,6 +387,8 @@ impl Store {
 
     /// Keeps the WAL inside its share of the cap: a checkpoint that truncates it once it passes
     /// half its share (the other half is the room the next transaction may need).
+    /// Run after every write transaction, not only inserts: bookkeeping and deletes add WAL
+    /// frames too, and SQLite's own auto-checkpoint leaves the WAL file at its size.
     fn checkpoint_if_needed(&self, conn: &Connection) -> Result<()> {
         let wal = file_size(&wal_path(&self.path));
         if wal > self.budget.wal_bytes / 2 || file_size(&self.path) + wal > self.budget.cap {
@@ -515,6 +517,7 @@ impl Store {
             bump(&tx, name, n)?;
         }
         tx.commit()?;
+        self.checkpoint_if_needed(&conn)?;
         drop(conn);
         self.release(seqs);
         self.forget_rows(n);
@@ -553,6 +556,7 @@ impl Store {
             bump(&tx, counter::EXPIRED, n)?;
         }
         tx.commit()?;
+        self.checkpoint_if_needed(&conn)?;
         self.forget_rows(n);
         Ok(gone)
     }
@@ -581,6 +585,7 @@ impl Store {
             }
         }
         tx.commit()?;
+        self.checkpoint_if_needed(&conn)?;
         Ok(())
     }
 
@@ -598,6 +603,7 @@ impl Store {
                 .join(",");
             conn.execute(&format!("DELETE FROM events WHERE seq NOT IN ({list})"), [])?
         } as u64;
+        self.checkpoint_if_needed(&conn)?;
         drop(conn);
         self.forget_rows(n);
         Ok(n)
@@ -965,6 +971,33 @@ mod tests {
             sends: 0,
             unanswered: 0,
             critical: false,
+        }
+    }
+
+    /// Every write keeps the files under the cap, not only inserts: a store filled to its
+    /// database share, then nothing but send bookkeeping (one UPDATE transaction per batch, as
+    /// the worker writes them), must not let the WAL push the total past `max_disk_bytes`.
+    #[test]
+    fn bookkeeping_writes_keep_the_wal_inside_the_cap() {
+        const CAP: u64 = 128 * 1024;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db");
+        let store = Store::open(&path, CAP, 0, Keyring::plain()).unwrap().store;
+        let live: Vec<_> = (1..=400).map(|s| event(s, 300)).collect();
+        store.insert(&live).unwrap();
+        let seqs: Vec<u64> = store.oldest(1_000).unwrap().iter().map(|e| e.seq).collect();
+        assert!(
+            seqs.len() > 50,
+            "the store holds a backlog ({} rows)",
+            seqs.len()
+        );
+        for (round, batch) in seqs.chunks(10).cycle().take(200).enumerate() {
+            store.note_sends(batch, SendNote::Sending).unwrap();
+            let bytes = store.disk_usage();
+            assert!(
+                bytes <= CAP,
+                "round {round}: {bytes} bytes on disk, over the cap {CAP}"
+            );
         }
     }
 

@@ -593,16 +593,7 @@ impl Store {
     pub fn purge_queue(&self) -> Result<u64> {
         let leased = self.leased().clone();
         let conn = self.conn();
-        let n = if leased.is_empty() {
-            conn.execute("DELETE FROM events", [])?
-        } else {
-            let list = leased
-                .iter()
-                .map(|s| s.to_string())
-                .collect::<Vec<_>>()
-                .join(",");
-            conn.execute(&format!("DELETE FROM events WHERE seq NOT IN ({list})"), [])?
-        } as u64;
+        let n = delete_unleased(&conn, &leased)?;
         self.checkpoint_if_needed(&conn)?;
         drop(conn);
         self.forget_rows(n);
@@ -642,16 +633,7 @@ impl Store {
         conn.pragma_update(None, "secure_delete", true)?;
         let result = (|| -> Result<(u64, u64)> {
             let tx = conn.transaction()?;
-            let queued = if leased.is_empty() {
-                tx.execute("DELETE FROM events", [])?
-            } else {
-                let list = leased
-                    .iter()
-                    .map(|s| s.to_string())
-                    .collect::<Vec<_>>()
-                    .join(",");
-                tx.execute(&format!("DELETE FROM events WHERE seq NOT IN ({list})"), [])?
-            } as u64;
+            let queued = delete_unleased(&tx, &leased)?;
             let dead = tx.execute("DELETE FROM quarantine", [])? as u64;
             if queued > 0 {
                 bump(&tx, counter::CONSENT_DENIED, queued)?;
@@ -863,6 +845,22 @@ fn db_excess(tx: &Transaction<'_>, page_size: u64, db_bytes: u64) -> Result<u64>
         while rows.next()?.is_some() {}
     }
     Ok(0)
+}
+
+/// Deletes every queued row but the leased ones (the batch in flight, whose answer decides
+/// where its events go); returns how many went.
+fn delete_unleased(conn: &Connection, leased: &[u64]) -> Result<u64> {
+    let n = if leased.is_empty() {
+        conn.execute("DELETE FROM events", [])?
+    } else {
+        let list = leased
+            .iter()
+            .map(|s| s.to_string())
+            .collect::<Vec<_>>()
+            .join(",");
+        conn.execute(&format!("DELETE FROM events WHERE seq NOT IN ({list})"), [])?
+    };
+    Ok(n as u64)
 }
 
 /// The disk cap's eviction: the oldest of the normal lane first, critical events only when no

@@ -1,4 +1,4 @@
-//! Issue 13, point 2: delivery conditions. While the device's conditions forbid delivery by the
+//! Delivery conditions. While the device's conditions forbid delivery by the
 //! config's policy the state is `Deferred{reason}`: no request, no retry budget spent, whatever
 //! the timers say; when they allow it again delivery resumes as after a reconnect.
 

@@ -1,4 +1,4 @@
-//! Issue 13, point 1: `deliver_within`, the bounded drain a platform job runs inside its time
+//! `deliver_within`, the bounded drain a platform job runs inside its time
 //! budget. Real collector, real SQLite, the budget on a `ManualClock` the test moves.
 
 use std::collections::HashSet;

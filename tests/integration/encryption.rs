@@ -1,4 +1,4 @@
-//! Issue 16 part 2: encryption at rest. Every payload the store writes (queued bodies, and the
+//! Encryption at rest. Every payload the store writes (queued bodies, and the
 //! quarantine's body, reason and detail) is sealed with the app's key; rows record their key id
 //! so keys rotate; a wrong or missing key is refused at open by id and the store is kept; a
 //! damaged ciphertext is quarantined as `undecryptable`, counted, never dropped in silence.

@@ -298,7 +298,8 @@ class AndroidIntegrationTest {
     }
 
     /**
-     * Issue 13's acceptance story. Where the 500 events are:
+     * The mobile story end to end: foreground, network, background, killed, job.
+     * Where the 500 events are:
      * - all 500 are tracked in the foreground while offline (none reaches the collector);
      * - the validated network appears: the collector takes the first 6 batches of 50 (300 events)
      *   and answers the 7th with 503, Retry-After 3600: longer than the SDK retries on its own,

@@ -71,7 +71,7 @@ for pair in "${abis[@]}"; do
         *) echo "build-aar.sh: '$abi' is not an Android ABI (arm64-v8a, armeabi-v7a, x86, x86_64)" >&2; exit 2 ;;
     esac
     [[ -f "$lib" ]] || { echo "build-aar.sh: --abi $abi: no file '$lib'" >&2; exit 2; }
-    if [[ $host_test -eq 0 ]] && readelf -d "$lib" 2>/dev/null | grep -q 'NEEDED.*\[libc\.so\.6\]'; then
+    if [[ $host_test -eq 0 ]] && grep -q 'NEEDED.*\[libc\.so\.6\]' <<<"$(readelf -d "$lib" 2>/dev/null)"; then
         echo "build-aar.sh: --abi $abi: '$lib' links glibc's libc.so.6: a host build, not an Android (bionic) one" >&2
         exit 2
     fi
@@ -118,11 +118,15 @@ for pair in "${abis[@]}"; do
     grep -qx "jni/${pair%%=*}/libeventspool_ffi.so" <<<"$entries" \
         || { echo "build-aar.sh: $name lacks jni/${pair%%=*}/libeventspool_ffi.so" >&2; exit 1; }
 done
+# Listings are read whole before grep looks at them: `unzip | grep -q` under pipefail fails
+# whenever grep quits at its first match while unzip is still writing (SIGPIPE).
 unzip -p "$out/$name" classes.jar > "$work/check.jar"
+classes="$(unzip -Z1 "$work/check.jar")"
 for class in dev/eventspool/android/DeliveryJobService.class dev/eventspool/Spool.class uniffi/eventspool/EventSpool.class; do
-    unzip -Z1 "$work/check.jar" | grep -qx "$class" \
+    grep -qx "$class" <<<"$classes" \
         || { echo "build-aar.sh: classes.jar lacks $class" >&2; exit 1; }
 done
-unzip -Z1 "$out/eventspool-jvm.jar" | grep -qx "$jna_os-$jna_arch/$(basename "$host_lib")" \
+jvm_entries="$(unzip -Z1 "$out/eventspool-jvm.jar")"
+grep -qx "$jna_os-$jna_arch/$(basename "$host_lib")" <<<"$jvm_entries" \
     || { echo "build-aar.sh: eventspool-jvm.jar lacks the host library" >&2; exit 1; }
 echo "built $out/$name ($(IFS=,; echo "${abis[*]%%=*}")) and $out/eventspool-jvm.jar" >&2

@@ -32,6 +32,19 @@ impl Consent {
         }
     }
 
+    /// As kept in an atomic, so `track()` checks consent without a lock.
+    pub(crate) fn to_u8(self) -> u8 {
+        self as u8
+    }
+
+    pub(crate) fn from_u8(v: u8) -> Consent {
+        match v {
+            0 => Consent::Pending,
+            1 => Consent::Granted,
+            _ => Consent::Denied,
+        }
+    }
+
     /// The state named by [`Consent::as_str`], or `None`.
     pub fn from_name(name: &str) -> Option<Consent> {
         match name {

@@ -118,7 +118,8 @@ pub struct Shared {
     /// then holds the critical events first.
     pub critical_waiting: AtomicBool,
     /// Tracking consent as `track()` checks it; the worker learns changes through `control`.
-    pub consent: Mutex<crate::Consent>,
+    /// An atomic, not a lock: every `track()` reads it ([`crate::Consent::to_u8`]).
+    pub consent: std::sync::atomic::AtomicU8,
     pub enabled: AtomicBool,
     pub state: Mutex<StateCell>,
     pub state_changed: Condvar,

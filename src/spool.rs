@@ -208,7 +208,7 @@ impl EventSpool {
             wake: tokio::sync::Notify::new(),
             flush_at_reached: AtomicBool::new(false),
             critical_waiting: AtomicBool::new(false),
-            consent: Mutex::new(consent),
+            consent: std::sync::atomic::AtomicU8::new(consent.to_u8()),
             enabled: AtomicBool::new(true),
             state: Mutex::new(StateCell {
                 state: match consent {
@@ -427,7 +427,7 @@ impl EventSpool {
         if !self.shared().enabled.load(Ordering::Relaxed) {
             return Err(Error::Disabled);
         }
-        if *lock(&self.shared().consent) == Consent::Denied {
+        if Consent::from_u8(self.shared().consent.load(Ordering::SeqCst)) == Consent::Denied {
             return Err(Error::ConsentDenied);
         }
         Ok(())
@@ -632,7 +632,7 @@ impl EventSpool {
         let _one_at_a_time = lock(&self.handle.consent_verb);
         let s = self.shared();
         s.queue.store_consent(consent)?;
-        *lock(&s.consent) = consent;
+        s.consent.store(consent.to_u8(), Ordering::SeqCst);
         if consent == Consent::Denied {
             // Waits for the track() calls already past their consent check, so their events
             // are queued before the discard below; every later call sees `Denied`.
@@ -650,7 +650,7 @@ impl EventSpool {
 
     /// The tracking consent in force.
     pub fn consent(&self) -> Consent {
-        *lock(&self.shared().consent)
+        Consent::from_u8(self.shared().consent.load(Ordering::SeqCst))
     }
 
     /// Deletes every queued event (memory and store) that is not in flight; returns how many.

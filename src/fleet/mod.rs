@@ -22,6 +22,7 @@ pub mod report;
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde_json::Value;
 
@@ -76,6 +77,8 @@ pub struct Fleet {
     directives_on: bool,
     /// `retry_after_cap_ms`: the longest a `pause_until` holds.
     pause_cap_ms: u64,
+    /// A directive is in force: `screen` (on every `track()`) takes the lock only then.
+    steering: AtomicBool,
     inner: Mutex<Inner>,
 }
 
@@ -136,6 +139,7 @@ impl Fleet {
             install_id,
             directives_on,
             pause_cap_ms,
+            steering: AtomicBool::new(directive.is_some()),
             inner: Mutex::new(Inner {
                 next_report,
                 waiting,
@@ -292,6 +296,7 @@ impl Fleet {
             tracing::warn!(error = %e, "could not keep the directive in force");
         }
         g.directive = Some(d);
+        self.steering.store(true, Ordering::Release);
         steer
     }
 
@@ -303,12 +308,16 @@ impl Fleet {
 
     /// What `track()` does with an event named `name` at `wall_ms`.
     pub fn screen(&self, name: &str, wall_ms: i64) -> Screen {
+        if !self.steering.load(Ordering::Acquire) {
+            return Screen::Keep;
+        }
         let mut g = lock(&self.inner);
         let Some(d) = &g.directive else {
             return Screen::Keep;
         };
         if d.expires_at_ms <= wall_ms {
             g.directive = None;
+            self.steering.store(false, Ordering::Release);
             return Screen::Keep;
         }
         if d.drops_name(name) {

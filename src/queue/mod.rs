@@ -409,13 +409,19 @@ impl Queue {
         let Some(store) = &self.store else {
             return Ok(());
         };
-        let (events, generation, rest) = {
+        // The requests this spill answers are those made before the inbox is folded: a
+        // `track()` that asks after the fold asked for events this spill does not see, so
+        // counting its request as served would leave the spill thread asleep while they wait.
+        // Every request counted here made its events visible to the fold first (`push` appends
+        // before it asks, `push_durably` queues before it counts).
+        let generation = lock(&self.signal).requested;
+        let (events, rest) = {
             let mut memory = self.memory();
             let events = match self.params.durability {
                 Durability::Spill => memory.take_spill(SPILL_CHUNK),
                 Durability::Always => memory.take_unstored(),
             };
-            (events, lock(&self.signal).requested, memory.spill_len())
+            (events, memory.spill_len())
         };
         if events.is_empty() {
             self.mark_committed(generation, None);
@@ -990,5 +996,53 @@ mod tests {
         assert_eq!(q.push_durably([event(200, 9)]), Ok(()));
         assert_eq!(store_commits(), 2);
         assert_eq!(q.store.as_ref().unwrap().len(), 9);
+    }
+
+    /// The spill thread never falls asleep while tracked events wait in memory past
+    /// `memory_capacity`. Tracking asks it once per fold of the inbox; a request that arrived
+    /// after the fold but was counted as served by the spill in progress left every event
+    /// tracked from then on in the inbox until something else folded it (`stats()`, a batch),
+    /// and a crash lost them. Nothing here folds: only the spill thread moves events.
+    #[test]
+    fn the_spill_thread_keeps_up_with_tracking_without_being_polled() {
+        const CAPACITY: u64 = 100;
+        const ROUND: u64 = 2_000;
+        let dir = tempfile::tempdir().unwrap();
+        let q = Arc::new(
+            Queue::open(
+                &dir.path().join("q.db"),
+                1 << 30,
+                0,
+                params(CAPACITY, Durability::Spill),
+                Ledger::default(),
+                Default::default(),
+            )
+            .unwrap()
+            .queue,
+        );
+        let spiller = {
+            let q = q.clone();
+            std::thread::spawn(move || q.run_spiller(|| {}))
+        };
+        let store = || q.store.as_ref().unwrap().len();
+        let mut seq = 0;
+        for round in 1..=10u64 {
+            for _ in 0..ROUND {
+                seq += 1;
+                q.push(event(seq as i64, seq));
+            }
+            let want = round * ROUND - CAPACITY;
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while store() < want && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            assert_eq!(
+                store(),
+                want,
+                "round {round}: everything past memory_capacity is on disk"
+            );
+        }
+        q.stop_spiller();
+        spiller.join().unwrap();
     }
 }

@@ -10,11 +10,12 @@
 mod fleet_sql;
 mod quarantine_sql;
 pub mod schema;
+mod wal;
 
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use rusqlite::{Connection, ErrorCode, Transaction, params};
 use uuid::Uuid;
@@ -27,6 +28,7 @@ use crate::shared::lock;
 
 use quarantine_sql::ByteLimits;
 pub use quarantine_sql::QuarantineSql;
+use wal::WalWatch;
 
 /// Counter names persisted in the `counters` table.
 pub mod counter {
@@ -73,7 +75,7 @@ impl DiskBudget {
     }
 }
 
-/// The most pages the WAL gathers before SQLite checkpoints it (SQLite's own default), whatever
+/// The most pages the WAL gathers before the store checkpoints it (SQLite's own default), whatever
 /// the cap allows. After a complete checkpoint the next commit writes the WAL from its start
 /// again, over blocks the file system already holds; a WAL left to grow to a large cap's share
 /// appends every frame to new blocks instead, which made a one-row commit cost about twice a
@@ -108,7 +110,45 @@ pub struct Store {
     /// Queued rows [`Store::oldest`] found undecryptable and moved to the quarantine, not yet
     /// counted by the queue ([`Store::take_undecryptable`]).
     undecryptable: AtomicU64,
+    /// No queued row was accepted before this (ms), or [`FLOOR_UNKNOWN`]. It lets
+    /// [`Store::expire`], which runs before every batch, answer "nothing is due" without
+    /// reading the table, and without an index on `accepted` that every commit would write
+    /// (schema step 4 → 5). Lowered by every write that queues a row, raised only by a scan;
+    /// both under the connection lock, so it never passes a row it has not seen.
+    accepted_floor: AtomicI64,
+    /// An upper bound of the database's pages (free pages included), or [`PAGES_UNKNOWN`]: the
+    /// last `page_count` the cap measured plus the most every insert since could have added.
+    /// While it stays inside the database's share, an insert needs no measuring (a `PRAGMA
+    /// page_count` is re-prepared at every run: a tenth of a one-row commit). Any other use
+    /// of the connection forgets it ([`Store::conn`]), so only inserts ever add to it.
+    pages_bound: AtomicU64,
+    /// The WAL's size as SQLite reports it (wal.rs), for the check after each write.
+    wal: Arc<WalWatch>,
+    /// The database file's size when last read; read again only after a checkpoint.
+    db_file_bytes: AtomicU64,
 }
+
+/// A connection to a store that is ours, configured and migrated.
+struct Connected {
+    conn: Connection,
+    rows: u64,
+    page_size: u64,
+    wal: Arc<WalWatch>,
+}
+
+/// [`Store::accepted_floor`] before the first scan: anything may be due.
+const FLOOR_UNKNOWN: i64 = i64::MIN;
+
+/// [`Store::pages_bound`] when the next insert must measure.
+const PAGES_UNKNOWN: u64 = u64::MAX;
+
+/// The most pages one inserted row can add to the database besides its overflow pages: each
+/// of its two b-trees (the table and the `(lane, ts, seq)` index) splits at most every level,
+/// a split adding at most two pages (SQLite rebalances three siblings into at most five), and
+/// may gain a root level; plus a pointer-map page (`auto_vacuum`). A height of 6 holds far
+/// more rows than any cap allows; the figure is rounded up generously, since it only decides
+/// when to measure.
+const ROW_PAGES_MAX: u64 = 64;
 
 /// A store as opened: the file may have been moved aside and replaced.
 pub struct Opened {
@@ -145,10 +185,10 @@ impl Store {
         create_private(path)?;
         let budget = DiskBudget::new(max_disk_bytes);
         match Store::connect(path, budget, wall_ms) {
-            Ok(Ok((conn, rows, page_size))) => {
-                check_keys(&conn, &keys, path, true)?;
+            Ok(Ok(connected)) => {
+                check_keys(&connected.conn, &keys, path, true)?;
                 Ok(Opened {
-                    store: Store::new(conn, path, budget, rows, page_size, lock, keys),
+                    store: Store::new(connected, path, budget, lock, keys),
                     recovered: None,
                 })
             }
@@ -163,14 +203,18 @@ impl Store {
     }
 
     fn new(
-        conn: Connection,
+        connected: Connected,
         path: &Path,
         budget: DiskBudget,
-        rows: u64,
-        page_size: u64,
         lock: File,
         keys: Keyring,
     ) -> Store {
+        let Connected {
+            conn,
+            rows,
+            page_size,
+            wal,
+        } = connected;
         Store {
             conn: Mutex::new(conn),
             path: path.to_path_buf(),
@@ -182,6 +226,10 @@ impl Store {
             insert_transactions: AtomicU64::new(0),
             keys,
             undecryptable: AtomicU64::new(0),
+            accepted_floor: AtomicI64::new(FLOOR_UNKNOWN),
+            pages_bound: AtomicU64::new(PAGES_UNKNOWN),
+            wal,
+            db_file_bytes: AtomicU64::new(0),
         }
     }
 
@@ -206,10 +254,10 @@ impl Store {
         tracing::warn!(path = %path.display(), moved_to = %aside.display(), %reason, "store unusable, moved aside");
         create_private(path)?;
         match Store::connect(path, budget, wall_ms) {
-            Ok(Ok((conn, rows, page_size))) => {
-                check_keys(&conn, &keys, path, true)?;
+            Ok(Ok(connected)) => {
+                check_keys(&connected.conn, &keys, path, true)?;
                 Ok(Opened {
-                    store: Store::new(conn, path, budget, rows, page_size, lock, keys),
+                    store: Store::new(connected, path, budget, lock, keys),
                     recovered: Some((aside, reason)),
                 })
             }
@@ -218,12 +266,11 @@ impl Store {
         }
     }
 
-    #[allow(clippy::type_complexity)]
     fn connect(
         path: &Path,
         budget: DiskBudget,
         wall_ms: i64,
-    ) -> rusqlite::Result<Result<(Connection, u64, u64), schema::Unusable>> {
+    ) -> rusqlite::Result<Result<Connected, schema::Unusable>> {
         let mut conn = Connection::open(path)?;
         let version = match schema::inspect(&conn)? {
             Ok(version) => version,
@@ -233,14 +280,20 @@ impl Store {
             conn.pragma_query_value(None, "page_size", |r| r.get::<_, i64>(0))? as u64;
         let checkpoint_pages =
             (budget.wal_bytes / 2 / page_size.max(512)).clamp(8, WAL_CHECKPOINT_PAGES_MAX);
-        schema::configure(&conn, budget.wal_bytes / 2, checkpoint_pages)?;
+        schema::configure(&conn, budget.wal_bytes / 2)?;
+        let wal = WalWatch::install(&mut conn, page_size, checkpoint_pages, &wal_path(path))?;
         // The owner lock is held, so nothing changed the file since `inspect` read it.
         schema::migrate(&mut conn, version, wall_ms)?;
         let rows: i64 = conn.query_row("SELECT count(*) FROM events", [], |r| r.get(0))?;
         conn.query_row("SELECT count(*) FROM quarantine", [], |r| {
             r.get::<_, i64>(0)
         })?;
-        Ok(Ok((conn, rows as u64, page_size)))
+        Ok(Ok(Connected {
+            conn,
+            rows: rows as u64,
+            page_size,
+            wal,
+        }))
     }
 
     /// Gives up ownership so another handle may open the store (after `shutdown()`, while
@@ -252,8 +305,18 @@ impl Store {
         lock(&self.lock).take();
     }
 
+    /// The connection, for anything but an insert: whatever it does may grow the database, so
+    /// the insert after it measures again ([`Store::pages_bound`]).
     fn conn(&self) -> MutexGuard<'_, Connection> {
-        lock(&self.conn)
+        let conn = lock(&self.conn);
+        self.pages_bound.store(PAGES_UNKNOWN, Ordering::Relaxed);
+        conn
+    }
+
+    /// No queued row is older than `accepted_ms` from now on (called with the connection held).
+    fn lower_accepted_floor(&self, accepted_ms: i64) {
+        self.accepted_floor
+            .fetch_min(accepted_ms, Ordering::Relaxed);
     }
 
     fn leased(&self) -> MutexGuard<'_, Vec<u64>> {
@@ -292,7 +355,8 @@ impl Store {
     /// Writes events in transactions of bounded size, evicting the oldest to stay under the cap.
     pub fn insert(&self, events: &[QueuedEvent]) -> Result<Inserted> {
         let mut report = Inserted::default();
-        let mut conn = self.conn();
+        // Not `conn()`: an insert keeps the page bound, adding its own rows to it.
+        let mut conn = lock(&self.conn);
         let leased = self.leased().clone();
         let mut start = 0;
         while start < events.len() {
@@ -304,12 +368,13 @@ impl Store {
                 bytes += events[end].bytes();
                 end += 1;
             }
+            let chunk = &events[start..end];
             let tx = conn.transaction()?;
             {
                 let mut stmt = tx.prepare_cached(INSERT_EVENT)?;
                 let mut id_buf = Uuid::encode_buffer();
                 let key_id = self.keys.current_id();
-                for e in &events[start..end] {
+                for e in chunk {
                     let id = e.id.0.hyphenated().encode_lower(&mut id_buf);
                     let body = self.keys.seal(BODY, id, &e.json);
                     report.inserted += stmt.execute(params![
@@ -325,7 +390,11 @@ impl Store {
                     ])? as u64;
                 }
             }
-            let (evicted, evicted_quarantine) = self.enforce_cap(&tx, &leased)?;
+            if let Some(oldest) = chunk.iter().map(|e| e.accepted_ms).min() {
+                self.lower_accepted_floor(oldest);
+            }
+            let (evicted, evicted_quarantine) =
+                self.enforce_cap(&tx, &leased, self.growth_bound(chunk))?;
             tx.commit()?;
             self.insert_transactions.fetch_add(1, Ordering::Relaxed);
             report.evicted += evicted;
@@ -341,7 +410,37 @@ impl Store {
     /// Inside a write transaction: evict the oldest rows until the database fits its share of
     /// the cap: dead letters while they are over their own budget (a store written before the
     /// budget existed), otherwise queued events, which are then the ones over their share.
-    fn enforce_cap(&self, tx: &Transaction<'_>, leased: &[u64]) -> Result<(u64, u64)> {
+    /// `added_pages` bounds what this transaction's inserts may have added: while the bound
+    /// stays inside the share, nothing is measured.
+    fn enforce_cap(
+        &self,
+        tx: &Transaction<'_>,
+        leased: &[u64],
+        added_pages: u64,
+    ) -> Result<(u64, u64)> {
+        let known = self.pages_bound.load(Ordering::Relaxed);
+        if known != PAGES_UNKNOWN {
+            let bound = known.saturating_add(added_pages);
+            if bound.saturating_mul(self.page_size) <= self.budget.db_bytes {
+                self.pages_bound.store(bound, Ordering::Relaxed);
+                return Ok((0, 0));
+            }
+        }
+        let (evicted, evicted_quarantine) = self.evict_to_share(tx, leased)?;
+        self.pages_bound.store(db_pages(tx)?, Ordering::Relaxed);
+        Ok((evicted, evicted_quarantine))
+    }
+
+    /// The most pages `rows` can add to the database: [`ROW_PAGES_MAX`] each, plus their
+    /// payload's overflow pages twice over (the body, and room for its cell's spill).
+    fn growth_bound(&self, rows: &[QueuedEvent]) -> u64 {
+        let usable = self.page_size.saturating_sub(64).max(256);
+        rows.iter()
+            .map(|e| ROW_PAGES_MAX + 2 * e.bytes().div_ceil(usable))
+            .sum()
+    }
+
+    fn evict_to_share(&self, tx: &Transaction<'_>, leased: &[u64]) -> Result<(u64, u64)> {
         let (mut evicted, mut evicted_quarantine) = (0u64, 0u64);
         // Measured again only after dead letters went: evicting queued rows does not change it.
         let mut measured: Option<u64> = None;
@@ -389,12 +488,27 @@ impl Store {
     /// half its share (the other half is the room the next transaction may need).
     /// Run after every write transaction, not only inserts: bookkeeping and deletes add WAL
     /// frames too, and SQLite's own auto-checkpoint leaves the WAL file at its size.
+    /// Both sizes come from what SQLite reported (wal.rs), not from the file system.
     fn checkpoint_if_needed(&self, conn: &Connection) -> Result<()> {
-        let wal = file_size(&wal_path(&self.path));
-        if wal > self.budget.wal_bytes / 2 || file_size(&self.path) + wal > self.budget.cap {
-            conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
+        let wal = self.wal.max_bytes();
+        if wal > self.budget.wal_bytes / 2 || self.db_file_bytes() + wal > self.budget.cap {
+            // (busy, frames in the log, frames checkpointed): busy means readers kept it from
+            // finishing, so nothing was truncated.
+            let busy: i64 = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| r.get(0))?;
+            if busy == 0 {
+                self.wal.truncated();
+            }
         }
         Ok(())
+    }
+
+    /// The database file's size: read again only when a checkpoint may have changed it.
+    fn db_file_bytes(&self) -> u64 {
+        if self.wal.take_db_file_changed() {
+            self.db_file_bytes
+                .store(file_size(&self.path), Ordering::Relaxed);
+        }
+        self.db_file_bytes.load(Ordering::Relaxed)
     }
 
     /// The oldest queued events in delivery order (never the leased ones), for the next batch.
@@ -525,18 +639,27 @@ impl Store {
     }
 
     /// Deletes queued events accepted before `cutoff_ms` (never leased ones), counted
-    /// `expired`; returns their ids. With nothing to expire this is one indexed read.
+    /// `expired`; returns their ids, at most [`EXPIRE_MAX`] a call. With nothing due (the
+    /// accepted floor is at or past the cutoff) it reads nothing; otherwise it scans the table
+    /// and sets the floor to what is left.
     pub fn expire(&self, cutoff_ms: i64) -> Result<Vec<EventId>> {
+        if cutoff_ms <= self.accepted_floor.load(Ordering::Relaxed) {
+            return Ok(Vec::new());
+        }
         let leased = self.leased().clone();
         let mut conn = self.conn();
         let tx = conn.transaction()?;
         let rows: Vec<(i64, String)> = {
-            let mut stmt = tx.prepare_cached(
-                "SELECT seq, event_id FROM events WHERE accepted < ?1 ORDER BY accepted LIMIT 10000",
-            )?;
-            stmt.query_map([cutoff_ms], |r| Ok((r.get(0)?, r.get(1)?)))?
-                .collect::<rusqlite::Result<_>>()?
+            // Rows are mostly in acceptance order by seq, so the scan meets the due ones first
+            // and stops at the limit.
+            let mut stmt =
+                tx.prepare_cached("SELECT seq, event_id FROM events WHERE accepted < ?1 LIMIT ?2")?;
+            stmt.query_map(params![cutoff_ms, EXPIRE_MAX as i64], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })?
+            .collect::<rusqlite::Result<_>>()?
         };
+        let all_found = rows.len() < EXPIRE_MAX;
         let mut gone = Vec::new();
         {
             let mut stmt = tx.prepare_cached("DELETE FROM events WHERE seq = ?1")?;
@@ -555,7 +678,18 @@ impl Store {
         if n > 0 {
             bump(&tx, counter::EXPIRED, n)?;
         }
+        // With every due row found, what is left (leased rows too) sets the floor; otherwise
+        // it stays below the cutoff and the next call scans again.
+        let floor: Option<Option<i64>> = if all_found {
+            Some(tx.query_row("SELECT min(accepted) FROM events", [], |r| r.get(0))?)
+        } else {
+            None
+        };
         tx.commit()?;
+        if let Some(floor) = floor {
+            self.accepted_floor
+                .store(floor.unwrap_or(i64::MAX), Ordering::Relaxed);
+        }
         self.checkpoint_if_needed(&conn)?;
         self.forget_rows(n);
         Ok(gone)
@@ -722,12 +856,16 @@ impl Store {
                     self.keys.current_id()
                 ])? as u64;
             }
+            self.lower_accepted_floor(now_ms);
             Ok(n)
         })?;
         self.rows.fetch_add(n, Ordering::Relaxed);
         Ok(n)
     }
 }
+
+/// The most expired rows one [`Store::expire`] deletes (and names in its notice).
+const EXPIRE_MAX: usize = 10_000;
 
 /// The one way a row enters the queue (spill, persist, redrive); an id already queued is kept.
 const INSERT_EVENT: &str =
@@ -828,9 +966,7 @@ fn db_excess(tx: &Transaction<'_>, page_size: u64, db_bytes: u64) -> Result<u64>
     for _ in 0..10_000 {
         // Cached statements: this runs once per spill transaction, on the path every
         // `durability = always` commit takes.
-        let pages: u64 = tx
-            .prepare_cached("PRAGMA page_count")?
-            .query_row([], |r| r.get::<_, i64>(0))? as u64;
+        let pages = db_pages(tx)?;
         if pages * page_size <= db_bytes {
             return Ok(0);
         }
@@ -845,6 +981,14 @@ fn db_excess(tx: &Transaction<'_>, page_size: u64, db_bytes: u64) -> Result<u64>
         while rows.next()?.is_some() {}
     }
     Ok(0)
+}
+
+/// The database's pages now, free pages included.
+fn db_pages(conn: &Connection) -> Result<u64> {
+    // Cached, though SQLite re-prepares a PRAGMA at every run.
+    Ok(conn
+        .prepare_cached("PRAGMA page_count")?
+        .query_row([], |r| r.get::<_, i64>(0))? as u64)
 }
 
 /// Deletes every queued row but the leased ones (the batch in flight, whose answer decides
@@ -1097,5 +1241,90 @@ mod tests {
             store.budget.dead_bytes
         );
         assert!(store.disk_usage() <= CAP, "{}", store.disk_usage());
+    }
+
+    fn accepted_at(seq: u64, accepted_ms: i64) -> QueuedEvent {
+        QueuedEvent {
+            accepted_ms,
+            ..event(seq, 10)
+        }
+    }
+
+    /// Expiry reads the table only when the accepted floor says something may be due, so
+    /// every way a row enters the queue must lower the floor: an old event persisted after a
+    /// scan, a redriven one, and rows found in the file at open.
+    #[test]
+    fn expiry_finds_every_due_row_however_it_entered() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db");
+        {
+            let store = Store::open(&path, 1 << 20, 0, Keyring::plain())
+                .unwrap()
+                .store;
+            store.insert(&[accepted_at(1, 10_000)]).unwrap();
+            assert!(store.expire(5_000).unwrap().is_empty(), "nothing due yet");
+            // Tracked long ago, written to the store only now (persist, a late spill).
+            store.insert(&[accepted_at(2, 1_000)]).unwrap();
+            let gone = store.expire(5_000).unwrap();
+            assert_eq!(gone.len(), 1, "the old row inserted after a scan expires");
+            assert_eq!(store.len(), 1);
+            assert!(store.expire(9_999).unwrap().is_empty());
+            assert_eq!(store.expire(10_001).unwrap().len(), 1);
+            assert_eq!(store.len(), 0);
+            // An empty store has no floor to speak of: the next row, however old, is seen.
+            store.insert(&[accepted_at(3, 2_000)]).unwrap();
+            assert_eq!(store.expire(3_000).unwrap().len(), 1);
+            store.insert(&[accepted_at(4, 50_000)]).unwrap();
+            assert!(store.expire(20_000).unwrap().is_empty());
+            // A redrive is an acceptance too.
+            let q = QuarantinedEvent {
+                body: r#"{"name":"e"}"#.into(),
+                reason: reason::REJECTED.into(),
+                ..undecryptable_entry(&Uuid::now_v7().to_string(), 7, 0, 0)
+            };
+            store.with_quarantine(|sql| sql.add(&[q], 100, 0)).unwrap();
+            let mut seq = 100;
+            let moved = store
+                .redrive(&crate::quarantine::Selector::All, 15_000, || {
+                    seq += 1;
+                    seq
+                })
+                .unwrap();
+            assert_eq!(moved, 1);
+            assert_eq!(store.expire(20_000).unwrap().len(), 1, "the redriven row");
+            store.insert(&[accepted_at(5, 3_000)]).unwrap();
+        }
+        let store = Store::open(&path, 1 << 20, 0, Keyring::plain())
+            .unwrap()
+            .store;
+        assert_eq!(store.len(), 2);
+        assert_eq!(
+            store.expire(20_000).unwrap().len(),
+            1,
+            "a reopened store scans before it trusts a floor"
+        );
+        assert_eq!(store.len(), 1);
+    }
+
+    /// One-row commits (`durability = always`) skip measuring the database while the page
+    /// bound says they fit; near the cap they measure and evict, and the files never pass it.
+    #[test]
+    fn one_row_commits_keep_to_the_cap_without_measuring_each() {
+        const CAP: u64 = 256 * 1024;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db");
+        let store = Store::open(&path, CAP, 0, Keyring::plain()).unwrap().store;
+        let mut evicted = 0;
+        for seq in 1..=3_000 {
+            evicted += store.insert(&[event(seq, 200)]).unwrap().evicted;
+            let bytes = store.disk_usage();
+            assert!(bytes <= CAP, "row {seq}: {bytes} bytes on disk, over {CAP}");
+        }
+        assert!(evicted > 0, "3,000 rows of 300 bytes do not fit in {CAP}");
+        assert_eq!(
+            store.len() + evicted,
+            3_000,
+            "every row is queued or counted"
+        );
     }
 }

@@ -7,7 +7,7 @@
 use rusqlite::{Connection, OptionalExtension};
 
 /// The version this build writes.
-pub const SCHEMA_VERSION: i64 = 4;
+pub const SCHEMA_VERSION: i64 = 5;
 
 /// Stands, in a step, for the wall clock at the upgrade (ms since the epoch, UTC): [`migrate`]
 /// writes it in as an integer literal before the step runs.
@@ -81,9 +81,14 @@ const MIGRATIONS: &[&str] = &[
     // every row of an older store is, and stays readable as such. `keys` holds, per key id,
     // a value sealed with that key, so a wrong or missing key is refused at open by id.
     ENCRYPTION_STEP,
+    // 4 → 5: expiry no longer reads an index on `accepted`. Every commit wrote a page of it (a
+    // one-row commit wrote three pages instead of two), for a read that finds nothing almost
+    // always: the store now keeps a lower bound of `accepted` in memory and scans the table only
+    // when the bound says an event may be due (`Store::expire`).
+    "DROP INDEX events_by_acceptance;",
 ];
 
-/// The 2 → 3 step on its own, so it can move to another index when steps are renumbered.
+/// The 3 → 4 step on its own, so it can move to another index when steps are renumbered.
 const ENCRYPTION_STEP: &str = "ALTER TABLE events ADD COLUMN key_id INTEGER NOT NULL DEFAULT 0;
     ALTER TABLE quarantine ADD COLUMN key_id INTEGER NOT NULL DEFAULT 0;
     CREATE TABLE keys (
@@ -117,22 +122,13 @@ impl std::fmt::Display for Unusable {
 /// Settings that must hold for every connection. `auto_vacuum` only takes effect before the first
 /// table exists, which is why it comes before the migrations; it lets the store hand freed pages
 /// back to the file system so the on-disk size can honour `max_disk_bytes`.
-pub fn configure(
-    conn: &Connection,
-    wal_limit_bytes: u64,
-    autocheckpoint_pages: u64,
-) -> rusqlite::Result<()> {
+pub fn configure(conn: &Connection, wal_limit_bytes: u64) -> rusqlite::Result<()> {
     conn.busy_timeout(std::time::Duration::from_secs(5))?;
     conn.pragma_update(None, "auto_vacuum", "INCREMENTAL")?;
     conn.query_row("PRAGMA journal_mode = WAL", [], |_| Ok(()))?;
     conn.pragma_update(None, "synchronous", "NORMAL")?;
     conn.query_row(
         &format!("PRAGMA journal_size_limit = {wal_limit_bytes}"),
-        [],
-        |_| Ok(()),
-    )?;
-    conn.query_row(
-        &format!("PRAGMA wal_autocheckpoint = {autocheckpoint_pages}"),
         [],
         |_| Ok(()),
     )?;

@@ -70,11 +70,13 @@ fn raw_insert(path: &Path, rows: &[(i64, String, String)]) -> rusqlite::Result<f
     Ok(rows.len() as f64 / t.elapsed().as_secs_f64())
 }
 
-/// Waits until the spiller has emptied the spill queue (memory back down to its capacity).
-fn wait_spilled(spool: &EventSpool, capacity: u64) -> eventspool::Stats {
+/// Waits until the spiller has written everything past memory's capacity: memory back down to
+/// it and every one of the `tracked` events in memory or on disk (none in a chunk being written).
+fn wait_spilled(spool: &EventSpool, capacity: u64, tracked: u64) -> eventspool::Stats {
     loop {
         let stats = spool.stats();
-        if stats.pending_memory <= capacity {
+        if stats.pending_memory <= capacity && stats.pending_memory + stats.pending_disk == tracked
+        {
             return stats;
         }
         std::thread::sleep(Duration::from_millis(2));
@@ -131,7 +133,7 @@ pub fn spill(sizes: &[usize]) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
                 o,
                 b,
                 "events/s",
-                Some(0.5),
+                Some(0.8),
             )
             .with(json!({
                 "ours_runs": ours, "baseline_runs": base, "runs": details,
@@ -166,7 +168,7 @@ fn spill_once(
             spool.track(EVENT_NAME, template.clone())?;
         }
         let tracked_in = t.elapsed();
-        let stats = wait_spilled(&spool, 1_000);
+        let stats = wait_spilled(&spool, 1_000, n as u64);
         let elapsed = t.elapsed().as_secs_f64();
         let rate = stats.pending_disk as f64 / elapsed;
         spool.shutdown(Duration::from_secs(10))?;

@@ -42,8 +42,34 @@ impl MemoryBuffer {
     /// Adds an event and enforces `capacity`: with a store the oldest move to the spill queue
     /// (itself bounded, see [`SPILL_BACKLOG_MIN`]); without one they drop.
     pub fn push(&mut self, event: QueuedEvent, capacity: usize, spill_enabled: bool) -> Overflow {
-        self.queued.insert(event.key(), event);
+        self.push_many(vec![event], capacity, spill_enabled)
+    }
+
+    /// [`MemoryBuffer::push`] for many events at once (the inbox, when it is folded in): memory
+    /// keeps the same events as if they came one by one (the ones evicted last), and past the
+    /// spill backlog's ceiling the oldest of all are dropped. A large fold is one linear merge
+    /// into the queue instead of an insert and a removal per event, which was a sixth of the
+    /// spill thread's time.
+    pub fn push_many(
+        &mut self,
+        events: Vec<QueuedEvent>,
+        capacity: usize,
+        spill_enabled: bool,
+    ) -> Overflow {
+        if events.len() > 64 {
+            let mut more: BTreeMap<OrderKey, QueuedEvent> =
+                events.into_iter().map(|e| (e.key(), e)).collect();
+            self.queued.append(&mut more);
+        } else {
+            for event in events {
+                self.queued.insert(event.key(), event);
+            }
+        }
         let mut overflow = Overflow::default();
+        if spill_enabled {
+            self.spill
+                .reserve(self.queued.len().saturating_sub(capacity));
+        }
         while self.queued.len() > capacity {
             let Some(oldest) = self.pop_evictable() else {
                 break;
@@ -76,6 +102,15 @@ impl MemoryBuffer {
     /// oldest of the normal lane, and a critical one only when no normal event is left
     /// (README §Critical lane: critical events are evicted last).
     fn pop_evictable(&mut self) -> Option<QueuedEvent> {
+        // The critical lane sorts first: with none of it in memory (the usual case) the oldest
+        // normal event is simply the first.
+        if self
+            .queued
+            .first_key_value()
+            .is_some_and(|(k, _)| k.0 == LANE_NORMAL)
+        {
+            return self.queued.pop_first().map(|(_, e)| e);
+        }
         let key = self
             .queued
             .range((LANE_NORMAL, i64::MIN, 0)..)
@@ -468,5 +503,38 @@ mod tests {
         }
         assert_eq!(b.expire(25).len(), 3);
         assert_eq!(b.queued_len(), 2);
+    }
+
+    /// A fold of many events at once keeps in memory and spills the same events as pushing
+    /// them one by one, critical ones included (evicted last), with shuffled timestamps.
+    #[test]
+    fn a_bulk_fold_keeps_and_spills_what_single_pushes_would() {
+        let events: Vec<QueuedEvent> = (0..500u64)
+            .map(|i| QueuedEvent {
+                critical: i % 37 == 0,
+                ..ev(((i * 7919) % 503) as i64, i + 1)
+            })
+            .collect();
+        let (mut one, mut bulk) = (MemoryBuffer::default(), MemoryBuffer::default());
+        for e in events.clone() {
+            one.push(e, 100, true);
+        }
+        bulk.push(ev(1_000, 10_000), 100, true);
+        one.push(ev(1_000, 10_000), 100, true);
+        let overflow = bulk.push_many(events, 100, true);
+        assert!(overflow.spill_started);
+        let kept = |b: &MemoryBuffer| b.queued.keys().copied().collect::<Vec<_>>();
+        let spilled = |b: &mut MemoryBuffer| {
+            let mut v: Vec<_> = b.take_spill(usize::MAX).iter().map(ts_seq).collect();
+            v.sort_unstable();
+            v
+        };
+        assert_eq!(kept(&bulk).len(), 100);
+        assert_eq!(kept(&bulk), kept(&one));
+        assert_eq!(spilled(&mut bulk), spilled(&mut one));
+        assert!(
+            bulk.queued.values().filter(|e| e.critical).count() >= 13,
+            "critical events stay in memory while normal ones can go"
+        );
     }
 }

@@ -54,6 +54,9 @@ pub(crate) use store::{QuarantineSql, check_keys, schema};
 /// baseline commits.
 pub const SPILL_CHUNK: usize = 1_000;
 
+/// The most room a fresh inbox is given up front (events, about 70 bytes each).
+const INBOX_ROOM_MAX: usize = 1_024;
+
 /// How long `track()` with `durability = always` waits for its commit before it gives up on
 /// durability (the event stays queued in memory and the call returns `Error::NotDurable`).
 const ALWAYS_COMMIT_WAIT: Duration = Duration::from_secs(5);
@@ -237,24 +240,21 @@ impl Queue {
                 // these events in neither count; the fold only moves or drops them, so the
                 // exact figure stored when this guard goes is never above it.
                 self.buffered.fetch_add(inbox.len(), Ordering::SeqCst);
-                Some(std::mem::replace(&mut *inbox, Vec::with_capacity(64)))
+                // The next one gets the room this one needed (up to INBOX_ROOM_MAX), so a
+                // burst does not grow it from nothing again after every fold.
+                let room = inbox.len().clamp(64, INBOX_ROOM_MAX);
+                Some(std::mem::replace(&mut *inbox, Vec::with_capacity(room)))
             }
         };
         // Sorted into the buffer outside the inbox lock: tracking threads go on appending.
         let spill_started = match taken {
             None => false,
             Some(events) => {
-                let (capacity, spill) = (self.capacity(), self.store.is_some());
-                let mut dropped = 0;
-                let mut started = false;
-                for event in events {
-                    let overflow = memory.push(event, capacity, spill);
-                    dropped += overflow.dropped;
-                    started |= overflow.spill_started;
-                }
+                let overflow = memory.push_many(events, self.capacity(), self.store.is_some());
                 self.buffered.store(memory.held(), Ordering::SeqCst);
-                self.counters.drop(DropReason::MemoryOverflow, dropped);
-                started
+                self.counters
+                    .drop(DropReason::MemoryOverflow, overflow.dropped);
+                overflow.spill_started
             }
         };
         if spill_started {

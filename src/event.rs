@@ -2,7 +2,7 @@
 //! once into their wire form (docs/protocol.md §Event), and from then on moved around as that
 //! string, so a batch is built by joining strings and a resend carries byte-identical events.
 
-use chrono::{DateTime, SecondsFormat, Utc};
+use chrono::{DateTime, Datelike, SecondsFormat, Utc};
 use serde::Serialize;
 use serde_json::{Map, Value};
 use uuid::Uuid;
@@ -293,14 +293,19 @@ pub fn prepare(
         None => now_ms,
     };
     let mut id_buf = Uuid::encode_buffer();
+    let timestamp = Timestamp::new(ts_ms);
     let wire = WireEvent {
         event_id: id.0.hyphenated().encode_lower(&mut id_buf),
         name: &event.name,
-        timestamp: &format_timestamp(ts_ms),
+        timestamp: timestamp.as_str(),
         session_id: event.session_id.as_deref(),
         properties,
     };
-    let json = serde_json::to_string(&wire)
+    // Sized for the typical event, so serialising it does not grow the buffer step by step.
+    let mut json = Vec::with_capacity(JSON_CAPACITY);
+    serde_json::to_writer(&mut json, &wire)
+        .map_err(|e| Error::InvalidEvent(format!("cannot serialize: {e}")))?;
+    let json = String::from_utf8(json)
         .map_err(|e| Error::InvalidEvent(format!("cannot serialize: {e}")))?;
     if json.len() as u64 > max_event_bytes {
         return Err(Error::EventTooLarge {
@@ -332,11 +337,83 @@ pub fn parse_timestamp(text: &str) -> Result<i64> {
         })
 }
 
+/// The buffer an event's JSON is written into at first: room for a few hundred bytes of
+/// properties, where most events are.
+const JSON_CAPACITY: usize = 512;
+
 /// RFC 3339 UTC with millisecond precision, the one timestamp format on the wire.
 pub fn format_timestamp(ms: i64) -> String {
-    DateTime::<Utc>::from_timestamp_millis(ms)
-        .unwrap_or_default()
-        .to_rfc3339_opts(SecondsFormat::Millis, true)
+    Timestamp::new(ms).as_str().to_owned()
+}
+
+thread_local! {
+    /// The day number (days since the epoch) and the date text [`Timestamp::new`] made last.
+    static LAST_DATE: std::cell::Cell<Option<(i64, [u8; 10])>> = const { std::cell::Cell::new(None) };
+}
+
+/// Writes `value` as `digits` decimal digits (zero-padded) at `at`.
+fn put_digits(text: &mut [u8], at: usize, digits: usize, mut value: u32) {
+    for i in (at..at + digits).rev() {
+        text[i] = b'0' + (value % 10) as u8;
+        value /= 10;
+    }
+}
+
+/// [`format_timestamp`] without an allocation, for `track()`: chrono works out the calendar,
+/// the digits are written into a fixed layout here (`to_rfc3339_opts` goes through the
+/// formatting machinery and a `String`, a tenth of making an event).
+struct Timestamp {
+    text: [u8; 24],
+    /// Years outside 0000–9999 do not fit the layout: chrono formats those.
+    wide: Option<String>,
+}
+
+impl Timestamp {
+    fn new(ms: i64) -> Timestamp {
+        const DAY_MS: i64 = 86_400_000;
+        let (day, in_day) = (ms.div_euclid(DAY_MS), ms.rem_euclid(DAY_MS));
+        let mut text = *b"0000-00-00T00:00:00.000Z";
+        // The calendar date, from chrono, once per day and thread: events come in bursts of
+        // the same day, and the date was most of the cost.
+        let date = LAST_DATE.with(|last| match last.get() {
+            Some((d, date)) if d == day => Some(date),
+            _ => {
+                let date = DateTime::<Utc>::from_timestamp_millis(day * DAY_MS)
+                    .filter(|t| (0..=9999).contains(&t.year()))
+                    .map(|t| {
+                        let mut date = *b"0000-00-00";
+                        put_digits(&mut date, 0, 4, t.year() as u32);
+                        put_digits(&mut date, 5, 2, t.month());
+                        put_digits(&mut date, 8, 2, t.day());
+                        date
+                    })?;
+                last.set(Some((day, date)));
+                Some(date)
+            }
+        });
+        let Some(date) = date else {
+            let t = DateTime::<Utc>::from_timestamp_millis(ms).unwrap_or_default();
+            return Timestamp {
+                text,
+                wide: Some(t.to_rfc3339_opts(SecondsFormat::Millis, true)),
+            };
+        };
+        text[..10].copy_from_slice(&date);
+        let in_day = in_day as u32;
+        put_digits(&mut text, 11, 2, in_day / 3_600_000);
+        put_digits(&mut text, 14, 2, in_day / 60_000 % 60);
+        put_digits(&mut text, 17, 2, in_day / 1_000 % 60);
+        put_digits(&mut text, 20, 3, in_day % 1_000);
+        Timestamp { text, wide: None }
+    }
+
+    fn as_str(&self) -> &str {
+        match &self.wide {
+            Some(wide) => wide,
+            // Only ASCII digits and separators are ever written into `text`.
+            None => std::str::from_utf8(&self.text).unwrap_or_default(),
+        }
+    }
 }
 
 fn json_kind(value: &Value) -> &'static str {
@@ -362,6 +439,42 @@ pub(crate) fn truncate(text: &str, max: usize) -> &str {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// The fixed-layout timestamp is chrono's RFC 3339 text, digit for digit, across the
+    /// calendar: leap days, the end of a year, the epoch, years before it and past 9999.
+    #[test]
+    fn timestamps_are_written_as_chrono_writes_them() {
+        let chrono = |ms: i64| {
+            DateTime::<Utc>::from_timestamp_millis(ms)
+                .unwrap()
+                .to_rfc3339_opts(SecondsFormat::Millis, true)
+        };
+        let mut samples = vec![
+            0,
+            1,
+            999,
+            -1,
+            1_709_164_800_000,
+            1_735_689_599_999,
+            1_735_689_600_000,
+            1_735_689_599_998,
+            1_735_689_600_001,
+            253_402_300_799_999,
+            253_402_300_800_000,
+            -62_167_219_200_000,
+            -62_167_219_200_001,
+        ];
+        let mut x: i64 = 1_764_417_600_123;
+        for _ in 0..20_000 {
+            x = x
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            samples.push(x.rem_euclid(4_102_444_800_000));
+        }
+        for ms in samples {
+            assert_eq!(format_timestamp(ms), chrono(ms), "{ms} ms");
+        }
+    }
 
     fn prep(e: &NewEvent) -> Result<QueuedEvent> {
         prepare(e, 1_764_417_600_000, 1, 32 * 1024)

@@ -71,11 +71,14 @@ fn raw_insert(path: &Path, rows: &[(i64, String, String)]) -> rusqlite::Result<f
 }
 
 /// Waits until the spiller has written everything past memory's capacity: memory back down to
-/// it and every one of the `tracked` events in memory or on disk (none in a chunk being written).
+/// it and every one of the `tracked` events in memory, on disk or dropped (a burst past the
+/// spill backlog drops the oldest, counted), none in a chunk being written.
 fn wait_spilled(spool: &EventSpool, capacity: u64, tracked: u64) -> eventspool::Stats {
     loop {
         let stats = spool.stats();
-        if stats.pending_memory <= capacity && stats.pending_memory + stats.pending_disk == tracked
+        let dropped: u64 = stats.dropped.values().sum();
+        if stats.pending_memory <= capacity
+            && stats.pending_memory + stats.pending_disk + dropped == tracked
         {
             return stats;
         }

@@ -369,6 +369,22 @@ impl Store {
                 end += 1;
             }
             let chunk = &events[start..end];
+            let added_pages = self.growth_bound(chunk);
+            if let [event] = chunk
+                && self.reserve_pages(added_pages)
+            {
+                // One row that needs no cap work (`durability = always` alone): one statement in
+                // autocommit is as atomic as a transaction, without its BEGIN and COMMIT.
+                let mut stmt = conn.prepare_cached(INSERT_EVENT)?;
+                self.bind_event(&mut stmt, 0, event)?;
+                self.lower_accepted_floor(event.accepted_ms);
+                report.inserted += stmt.raw_execute()? as u64;
+                drop(stmt);
+                self.insert_transactions.fetch_add(1, Ordering::Relaxed);
+                self.checkpoint_if_needed(&conn)?;
+                start = end;
+                continue;
+            }
             let tx = conn.transaction()?;
             {
                 let mut many = tx.prepare_cached(&INSERT_EVENTS_MANY)?;
@@ -390,8 +406,7 @@ impl Store {
             if let Some(oldest) = chunk.iter().map(|e| e.accepted_ms).min() {
                 self.lower_accepted_floor(oldest);
             }
-            let (evicted, evicted_quarantine) =
-                self.enforce_cap(&tx, &leased, self.growth_bound(chunk))?;
+            let (evicted, evicted_quarantine) = self.enforce_cap(&tx, &leased, added_pages)?;
             tx.commit()?;
             self.insert_transactions.fetch_add(1, Ordering::Relaxed);
             report.evicted += evicted;
@@ -437,17 +452,27 @@ impl Store {
         leased: &[u64],
         added_pages: u64,
     ) -> Result<(u64, u64)> {
-        let known = self.pages_bound.load(Ordering::Relaxed);
-        if known != PAGES_UNKNOWN {
-            let bound = known.saturating_add(added_pages);
-            if bound.saturating_mul(self.page_size) <= self.budget.db_bytes {
-                self.pages_bound.store(bound, Ordering::Relaxed);
-                return Ok((0, 0));
-            }
+        if self.reserve_pages(added_pages) {
+            return Ok((0, 0));
         }
         let (evicted, evicted_quarantine) = self.evict_to_share(tx, leased)?;
         self.pages_bound.store(db_pages(tx)?, Ordering::Relaxed);
         Ok((evicted, evicted_quarantine))
+    }
+
+    /// Adds `added_pages` to the page bound if it then stays inside the database's share, so
+    /// the insert needs neither measuring nor evicting; false when the cap must be checked.
+    fn reserve_pages(&self, added_pages: u64) -> bool {
+        let known = self.pages_bound.load(Ordering::Relaxed);
+        if known == PAGES_UNKNOWN {
+            return false;
+        }
+        let bound = known.saturating_add(added_pages);
+        let fits = bound.saturating_mul(self.page_size) <= self.budget.db_bytes;
+        if fits {
+            self.pages_bound.store(bound, Ordering::Relaxed);
+        }
+        fits
     }
 
     /// The most pages `rows` can add to the database: [`ROW_PAGES_MAX`] each, plus their

@@ -532,7 +532,8 @@ impl Store {
     /// half its share (the other half is the room the next transaction may need).
     /// Run after every write transaction, not only inserts: bookkeeping and deletes add WAL
     /// frames too, and SQLite's own auto-checkpoint leaves the WAL file at its size.
-    /// Both sizes come from what SQLite reported (wal.rs), not from the file system.
+    /// The WAL's size is what SQLite reported (wal.rs); the database file's is read from the
+    /// file system only after a checkpoint.
     fn checkpoint_if_needed(&self, conn: &Connection) -> Result<()> {
         let wal = self.wal.max_bytes();
         if wal > self.budget.wal_bytes / 2 || self.db_file_bytes() + wal > self.budget.cap {

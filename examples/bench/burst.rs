@@ -128,7 +128,7 @@ const ALWAYS_THREADS: usize = 4;
 /// first's dirty pages and the ratio moved by half its value from run to run.
 const ROUNDS: usize = 10;
 
-/// Raw rusqlite: one row per transaction, WAL, `synchronous=NORMAL`, the rows made beforehand.
+/// Raw rusqlite into the baselines' table: one row per transaction, the rows made beforehand.
 struct RawCommits {
     conn: rusqlite::Connection,
     rows: Vec<(i64, String, String)>,
@@ -137,25 +137,9 @@ struct RawCommits {
 
 impl RawCommits {
     fn open(path: &Path, n: usize) -> rusqlite::Result<RawCommits> {
-        let conn = rusqlite::Connection::open(path)?;
-        conn.query_row("PRAGMA journal_mode=WAL", [], |_| Ok(()))?;
-        conn.execute_batch(
-            "PRAGMA synchronous=NORMAL;
-             CREATE TABLE events (seq INTEGER PRIMARY KEY, ts INTEGER NOT NULL, event_id TEXT NOT NULL, body TEXT NOT NULL);
-             CREATE INDEX events_ts ON events(ts, seq);",
-        )?;
-        let props = properties();
-        let rows = (0..n)
-            .map(|i| {
-                let id = uuid::Uuid::now_v7().to_string();
-                let ts = 1_764_417_600_000i64 + i as i64;
-                let body = json!({"event_id": id, "name": EVENT_NAME, "timestamp": eventspool::format_timestamp(ts), "properties": props}).to_string();
-                (ts, id, body)
-            })
-            .collect();
         Ok(RawCommits {
-            conn,
-            rows,
+            conn: crate::store::raw_table(path)?,
+            rows: crate::store::rows(n),
             next: 0,
         })
     }

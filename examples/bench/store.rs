@@ -27,7 +27,7 @@ fn config(endpoint: &str, db: &Path) -> Config {
 }
 
 /// Rows as the SDK would store them (ts, id, wire JSON), made before any timing starts.
-fn rows(n: usize) -> Vec<(i64, String, String)> {
+pub fn rows(n: usize) -> Vec<(i64, String, String)> {
     let props = properties();
     let base_ms = 1_764_417_600_000i64;
     (0..n)
@@ -40,15 +40,22 @@ fn rows(n: usize) -> Vec<(i64, String, String)> {
         .collect()
 }
 
-/// Raw rusqlite: 1,000-row transactions, WAL, synchronous=NORMAL, integer key plus (ts, seq) index.
-fn raw_insert(path: &Path, rows: &[(i64, String, String)]) -> rusqlite::Result<f64> {
-    let mut conn = rusqlite::Connection::open(path)?;
+/// The raw baselines' table, in a new file: WAL, `synchronous=NORMAL`, an integer key (seq), ts,
+/// id and body, and an index on (ts, seq).
+pub fn raw_table(path: &Path) -> rusqlite::Result<rusqlite::Connection> {
+    let conn = rusqlite::Connection::open(path)?;
     conn.query_row("PRAGMA journal_mode=WAL", [], |_| Ok(()))?;
     conn.execute_batch(
         "PRAGMA synchronous=NORMAL;
          CREATE TABLE events (seq INTEGER PRIMARY KEY, ts INTEGER NOT NULL, event_id TEXT NOT NULL, body TEXT NOT NULL);
          CREATE INDEX events_ts ON events(ts, seq);",
     )?;
+    Ok(conn)
+}
+
+/// Raw rusqlite into [`raw_table`]: 1,000-row transactions.
+fn raw_insert(path: &Path, rows: &[(i64, String, String)]) -> rusqlite::Result<f64> {
+    let mut conn = raw_table(path)?;
     let t = Instant::now();
     for (chunk_no, chunk) in rows.chunks(1000).enumerate() {
         let tx = conn.transaction()?;

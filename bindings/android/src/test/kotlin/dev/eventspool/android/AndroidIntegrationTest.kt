@@ -203,8 +203,11 @@ class AndroidIntegrationTest {
         collector = CollectorProcess(tmp.root.toPath().resolve("collector-503.db"), script = listOf("503:1")).start()
         // The drain gets the platform budget minus attempt_timeout_ms: 800 - 500 = 300 ms.
         val spool = EventSpoolAndroid.install(app, config().apply { attemptTimeoutMs = 500uL })
-        network(validated = true)
         repeat(10) { spool.track("job", mapOf("i" to it)) }
+        // Every event reaches the core before the network does, so the first request carries
+        // all ten: tracked after it, the layer's hand-off could split them over two requests.
+        assertEquals(10uL, spool.stats().pendingMemory + spool.stats().pendingDisk)
+        network(validated = true)
         val next = DeliveryJob.run(app, budgetMs = 800)
         assertTrue("$next", next is JobNext.Again)
         val delay = (next as JobNext.Again).delayMs

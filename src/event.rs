@@ -301,11 +301,7 @@ pub fn prepare(
         session_id: event.session_id.as_deref(),
         properties,
     };
-    // Sized for the typical event, so serialising it does not grow the buffer step by step.
-    let mut json = Vec::with_capacity(JSON_CAPACITY);
-    serde_json::to_writer(&mut json, &wire)
-        .map_err(|e| Error::InvalidEvent(format!("cannot serialize: {e}")))?;
-    let json = String::from_utf8(json)
+    let json = serde_json::to_string(&wire)
         .map_err(|e| Error::InvalidEvent(format!("cannot serialize: {e}")))?;
     if json.len() as u64 > max_event_bytes {
         return Err(Error::EventTooLarge {
@@ -336,10 +332,6 @@ pub fn parse_timestamp(text: &str) -> Result<i64> {
             ))
         })
 }
-
-/// The buffer an event's JSON is written into at first: room for a few hundred bytes of
-/// properties, where most events are.
-const JSON_CAPACITY: usize = 512;
 
 /// RFC 3339 UTC with millisecond precision, the one timestamp format on the wire.
 pub fn format_timestamp(ms: i64) -> String {

@@ -12,6 +12,9 @@ use crate::event::{EventId, LANE_NORMAL, OrderKey, QueuedEvent, SendNote};
 /// wait on the disk. Bulk importers that must not drop use `durability = always`.
 pub const SPILL_BACKLOG_MIN: usize = 10_000;
 
+/// From this many events a fold merges them into the queue at once instead of one by one.
+const MERGE_FROM: usize = 64;
+
 #[derive(Default)]
 pub struct MemoryBuffer {
     /// Waiting to be sent, in delivery order.
@@ -42,7 +45,7 @@ impl MemoryBuffer {
     /// Adds an event and enforces `capacity`: with a store the oldest move to the spill queue
     /// (itself bounded, see [`SPILL_BACKLOG_MIN`]); without one they drop.
     pub fn push(&mut self, event: QueuedEvent, capacity: usize, spill_enabled: bool) -> Overflow {
-        self.push_many(vec![event], capacity, spill_enabled)
+        self.push_many(std::iter::once(event), capacity, spill_enabled)
     }
 
     /// [`MemoryBuffer::push`] for many events at once (the inbox, when it is folded in): memory
@@ -52,11 +55,11 @@ impl MemoryBuffer {
     /// spill thread's time.
     pub fn push_many(
         &mut self,
-        events: Vec<QueuedEvent>,
+        events: impl ExactSizeIterator<Item = QueuedEvent>,
         capacity: usize,
         spill_enabled: bool,
     ) -> Overflow {
-        if events.len() > 64 {
+        if events.len() > MERGE_FROM {
             let mut more: BTreeMap<OrderKey, QueuedEvent> =
                 events.into_iter().map(|e| (e.key(), e)).collect();
             self.queued.append(&mut more);
@@ -521,7 +524,7 @@ mod tests {
         }
         bulk.push(ev(1_000, 10_000), 100, true);
         one.push(ev(1_000, 10_000), 100, true);
-        let overflow = bulk.push_many(events, 100, true);
+        let overflow = bulk.push_many(events.into_iter(), 100, true);
         assert!(overflow.spill_started);
         let kept = |b: &MemoryBuffer| b.queued.keys().copied().collect::<Vec<_>>();
         let spilled = |b: &mut MemoryBuffer| {

@@ -250,7 +250,8 @@ impl Queue {
         let spill_started = match taken {
             None => false,
             Some(events) => {
-                let overflow = memory.push_many(events, self.capacity(), self.store.is_some());
+                let overflow =
+                    memory.push_many(events.into_iter(), self.capacity(), self.store.is_some());
                 self.buffered.store(memory.held(), Ordering::SeqCst);
                 self.counters
                     .drop(DropReason::MemoryOverflow, overflow.dropped);

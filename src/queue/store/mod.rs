@@ -8,6 +8,7 @@
 //! sent again after restart with the same `event_id`s.
 
 mod fleet_sql;
+mod frontier;
 mod quarantine_sql;
 pub mod schema;
 mod wal;
@@ -22,10 +23,11 @@ use uuid::Uuid;
 
 use crate::crypto::Keyring;
 use crate::error::{Error, Result};
-use crate::event::{EventId, LANE_CRITICAL, LANE_NORMAL, QueuedEvent, SendNote};
+use crate::event::{EventId, LANE_CRITICAL, LANE_NORMAL, OrderKey, QueuedEvent, SendNote};
 use crate::quarantine::{QuarantinedEvent, reason};
 use crate::shared::lock;
 
+use frontier::Frontier;
 use quarantine_sql::ByteLimits;
 pub use quarantine_sql::QuarantineSql;
 use wal::WalWatch;
@@ -126,6 +128,9 @@ pub struct Store {
     wal: Arc<WalWatch>,
     /// The database file's size when last read; read again only after a checkpoint.
     db_file_bytes: AtomicU64,
+    /// Which new rows skip the ordering index (frontier.rs). Taken only with the connection
+    /// held.
+    frontier: Mutex<Frontier>,
 }
 
 /// A connection to a store that is ours, configured and migrated.
@@ -134,6 +139,7 @@ struct Connected {
     rows: u64,
     page_size: u64,
     wal: Arc<WalWatch>,
+    frontier: Frontier,
 }
 
 /// [`Store::accepted_floor`] before the first scan: anything may be due.
@@ -214,6 +220,7 @@ impl Store {
             rows,
             page_size,
             wal,
+            frontier,
         } = connected;
         Store {
             conn: Mutex::new(conn),
@@ -230,6 +237,7 @@ impl Store {
             pages_bound: AtomicU64::new(PAGES_UNKNOWN),
             wal,
             db_file_bytes: AtomicU64::new(0),
+            frontier: Mutex::new(frontier),
         }
     }
 
@@ -288,11 +296,17 @@ impl Store {
         conn.query_row("SELECT count(*) FROM quarantine", [], |r| {
             r.get::<_, i64>(0)
         })?;
+        let frontier = Frontier::load(&conn)?;
+        // Compiled now rather than by the first spill, which a burst waits on (the 25-row
+        // statement has 250 parameters).
+        conn.prepare_cached(INSERT_EVENT)?;
+        conn.prepare_cached(&INSERT_EVENTS_MANY)?;
         Ok(Ok(Connected {
             conn,
             rows: rows as u64,
             page_size,
             wal,
+            frontier,
         }))
     }
 
@@ -358,6 +372,7 @@ impl Store {
         // Not `conn()`: an insert keeps the page bound, adding its own rows to it.
         let mut conn = lock(&self.conn);
         let leased = self.leased().clone();
+        let mut frontier = lock(&self.frontier);
         let mut start = 0;
         while start < events.len() {
             let mut end = start;
@@ -376,7 +391,7 @@ impl Store {
                 // One row that needs no cap work (`durability = always` alone): one statement in
                 // autocommit is as atomic as a transaction, without its BEGIN and COMMIT.
                 let mut stmt = conn.prepare_cached(INSERT_EVENT)?;
-                self.bind_event(&mut stmt, 0, event)?;
+                self.bind_event(&mut stmt, 0, event, &mut frontier)?;
                 self.lower_accepted_floor(event.accepted_ms);
                 report.inserted += stmt.raw_execute()? as u64;
                 drop(stmt);
@@ -397,7 +412,7 @@ impl Store {
                     };
                     for row in rows.chunks(stmt.parameter_count() / INSERT_COLUMNS) {
                         for (i, e) in row.iter().enumerate() {
-                            self.bind_event(stmt, i * INSERT_COLUMNS, e)?;
+                            self.bind_event(stmt, i * INSERT_COLUMNS, e, &mut frontier)?;
                         }
                         report.inserted += stmt.raw_execute()? as u64;
                     }
@@ -406,7 +421,8 @@ impl Store {
             if let Some(oldest) = chunk.iter().map(|e| e.accepted_ms).min() {
                 self.lower_accepted_floor(oldest);
             }
-            let (evicted, evicted_quarantine) = self.enforce_cap(&tx, &leased, added_pages)?;
+            let (evicted, evicted_quarantine) =
+                self.enforce_cap(&tx, &leased, added_pages, frontier.floor())?;
             tx.commit()?;
             self.insert_transactions.fetch_add(1, Ordering::Relaxed);
             report.evicted += evicted;
@@ -419,12 +435,14 @@ impl Store {
         Ok(report)
     }
 
-    /// Binds one event's row to the `INSERT_COLUMNS` parameters of `stmt` after `at`.
+    /// Binds one event's row to the `INSERT_COLUMNS` parameters of `stmt` after `at`; the
+    /// frontier says whether it skips the ordering index, and moves past it if so.
     fn bind_event(
         &self,
         stmt: &mut rusqlite::Statement<'_>,
         at: usize,
         e: &QueuedEvent,
+        frontier: &mut Frontier,
     ) -> rusqlite::Result<()> {
         let mut id_buf = Uuid::encode_buffer();
         let id = e.id.0.hyphenated().encode_lower(&mut id_buf);
@@ -438,7 +456,8 @@ impl Store {
         stmt.raw_bind_parameter(at + 6, e.sends)?;
         stmt.raw_bind_parameter(at + 7, e.unanswered)?;
         stmt.raw_bind_parameter(at + 8, e.lane())?;
-        stmt.raw_bind_parameter(at + 9, self.keys.current_id())
+        stmt.raw_bind_parameter(at + 9, self.keys.current_id())?;
+        stmt.raw_bind_parameter(at + 10, frontier.admit(e.key()))
     }
 
     /// Inside a write transaction: evict the oldest rows until the database fits its share of
@@ -446,16 +465,18 @@ impl Store {
     /// budget existed), otherwise queued events, which are then the ones over their share.
     /// `added_pages` bounds what this transaction's inserts may have added: while the bound
     /// stays inside the share, nothing is measured.
+    /// `in_order_floor` is where the in-order rows start ([`Frontier::floor`]).
     fn enforce_cap(
         &self,
         tx: &Transaction<'_>,
         leased: &[u64],
         added_pages: u64,
+        in_order_floor: u64,
     ) -> Result<(u64, u64)> {
         if self.reserve_pages(added_pages) {
             return Ok((0, 0));
         }
-        let (evicted, evicted_quarantine) = self.evict_to_share(tx, leased)?;
+        let (evicted, evicted_quarantine) = self.evict_to_share(tx, leased, in_order_floor)?;
         self.pages_bound.store(db_pages(tx)?, Ordering::Relaxed);
         Ok((evicted, evicted_quarantine))
     }
@@ -484,7 +505,12 @@ impl Store {
             .sum()
     }
 
-    fn evict_to_share(&self, tx: &Transaction<'_>, leased: &[u64]) -> Result<(u64, u64)> {
+    fn evict_to_share(
+        &self,
+        tx: &Transaction<'_>,
+        leased: &[u64],
+        in_order_floor: u64,
+    ) -> Result<(u64, u64)> {
         let (mut evicted, mut evicted_quarantine) = (0u64, 0u64);
         // Measured again only after dead letters went: evicting queued rows does not change it.
         let mut measured: Option<u64> = None;
@@ -500,7 +526,7 @@ impl Store {
             measured = Some(dead_over);
             let want = (excess / 256).clamp(8, 4096);
             if dead_over == 0 {
-                let n = evict_oldest(tx, want, leased)?;
+                let n = evict_oldest(tx, want, leased, in_order_floor)?;
                 if n > 0 {
                     evicted += n;
                     continue;
@@ -565,49 +591,42 @@ impl Store {
         let mut unreadable: Vec<(u64, QuarantinedEvent)> = Vec::new();
         {
             let conn = self.conn();
-            let mut stmt = conn.prepare_cached(
-                "SELECT seq, ts, event_id, body, accepted, sends, unanswered, key_id, lane
-                 FROM events ORDER BY lane, ts, seq LIMIT ?1",
-            )?;
-            // Rows in flight, and rows whose id does not parse, are skipped before their body
-            // is opened.
-            let rows = stmt.query_map([(limit + leased.len()) as i64], |r| {
-                let seq = r.get::<_, i64>(0)? as u64;
-                if leased.contains(&seq) {
-                    return Ok(None);
-                }
-                let id_text = r.get_ref(2)?.as_str()?;
-                let Ok(id) = Uuid::try_parse(id_text) else {
-                    return Ok(None);
+            let mut frontier = lock(&self.frontier);
+            let mut in_order = conn.prepare_cached(&format!(
+                "SELECT {QUEUED_COLUMNS} FROM events
+                 WHERE seq >= ?1 AND in_order = 1 ORDER BY seq LIMIT ?2"
+            ))?;
+            let mut indexed = conn.prepare_cached(&format!(
+                "SELECT {QUEUED_COLUMNS} FROM events
+                 WHERE in_order = 0 ORDER BY lane, ts, seq LIMIT ?1"
+            ))?;
+            let want = (limit + leased.len()) as i64;
+            let mut a_rows = in_order.query(params![frontier.floor() as i64, want])?;
+            let mut b_rows = indexed.query([want])?;
+            let (mut a, mut b) = (a_rows.next()?, b_rows.next()?);
+            frontier.observed(a.map(|r| r.get::<_, i64>(0)).transpose()?.map(|s| s as u64));
+            // The two runs, each in delivery order, merged; a row's body is opened only once it
+            // is taken.
+            loop {
+                let from_a = match (a, b) {
+                    (None, None) => break,
+                    (Some(_), None) => true,
+                    (None, Some(_)) => false,
+                    (Some(x), Some(y)) => queued_key(x)? < queued_key(y)?,
                 };
-                let key_id: u32 = r.get(7)?;
-                let ts_ms: i64 = r.get(1)?;
-                let sends: u32 = r.get(5)?;
-                match self.keys.open(key_id, BODY, id_text, r.get_ref(3)?) {
-                    Ok(json) => Ok(Some(Ok(QueuedEvent {
-                        ts_ms,
-                        seq,
-                        id: EventId(id),
-                        json: json.into_boxed_str(),
-                        accepted_ms: r.get(4)?,
-                        sends,
-                        unanswered: r.get(6)?,
-                        critical: r.get::<_, i64>(8)? == i64::from(LANE_CRITICAL),
-                    }))),
-                    Err(_) => Ok(Some(Err((
-                        seq,
-                        undecryptable_entry(id_text, ts_ms, sends, key_id),
-                    )))),
-                }
-            })?;
-            for row in rows {
-                match row? {
-                    None => continue,
+                let row = if from_a { a } else { b }.expect("the run taken from has a row");
+                match self.queued_row(row, &leased)? {
+                    None => {}
                     Some(Ok(event)) => out.push(event),
                     Some(Err(bad)) => unreadable.push(bad),
                 }
                 if out.len() == limit {
                     break;
+                }
+                if from_a {
+                    a = a_rows.next()?;
+                } else {
+                    b = b_rows.next()?;
                 }
             }
         }
@@ -615,6 +634,42 @@ impl Store {
             self.quarantine_undecryptable(unreadable)?;
         }
         Ok(out)
+    }
+
+    /// One row of [`QUEUED_COLUMNS`]: `None` for a row in flight or whose id does not parse
+    /// (skipped before its body is opened), `Err` for a body that does not open with its key.
+    #[allow(clippy::type_complexity)]
+    fn queued_row(
+        &self,
+        r: &rusqlite::Row<'_>,
+        leased: &[u64],
+    ) -> rusqlite::Result<Option<std::result::Result<QueuedEvent, (u64, QuarantinedEvent)>>> {
+        let seq = r.get::<_, i64>(0)? as u64;
+        if leased.contains(&seq) {
+            return Ok(None);
+        }
+        let id_text = r.get_ref(2)?.as_str()?;
+        let Ok(id) = Uuid::try_parse(id_text) else {
+            return Ok(None);
+        };
+        let key_id: u32 = r.get(7)?;
+        let ts_ms: i64 = r.get(1)?;
+        let sends: u32 = r.get(5)?;
+        Ok(Some(
+            match self.keys.open(key_id, BODY, id_text, r.get_ref(3)?) {
+                Ok(json) => Ok(QueuedEvent {
+                    ts_ms,
+                    seq,
+                    id: EventId(id),
+                    json: json.into_boxed_str(),
+                    accepted_ms: r.get(4)?,
+                    sends,
+                    unanswered: r.get(6)?,
+                    critical: r.get::<_, i64>(8)? == i64::from(LANE_CRITICAL),
+                }),
+                Err(_) => Err((seq, undecryptable_entry(id_text, ts_ms, sends, key_id))),
+            },
+        ))
     }
 
     /// Moves undecryptable queued rows to the quarantine in one transaction (their queued rows
@@ -898,7 +953,9 @@ impl Store {
                     e.sends,
                     0,
                     LANE_NORMAL,
-                    self.keys.current_id()
+                    self.keys.current_id(),
+                    // Back with its old timestamp: behind the frontier, so indexed.
+                    false
                 ])? as u64;
             }
             self.lower_accepted_floor(now_ms);
@@ -913,12 +970,12 @@ impl Store {
 const EXPIRE_MAX: usize = 10_000;
 
 /// The one way a row enters the queue (spill, persist, redrive); an id already queued is kept.
-const INSERT_EVENT: &str =
-    "INSERT OR IGNORE INTO events (seq, ts, event_id, body, accepted, sends, unanswered, lane, key_id)
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)";
+const INSERT_EVENT: &str = "INSERT OR IGNORE INTO events
+     (seq, ts, event_id, body, accepted, sends, unanswered, lane, key_id, in_order)
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)";
 
 /// The parameters of one row in [`INSERT_EVENT`], in the order [`Store::bind_event`] binds them.
-const INSERT_COLUMNS: usize = 9;
+const INSERT_COLUMNS: usize = 10;
 
 /// Rows per statement when a spill writes many: one statement's setup, step and reset for 25
 /// rows instead of one each made a 1,000-row transaction about a fifth cheaper per row
@@ -933,6 +990,14 @@ static INSERT_EVENTS_MANY: std::sync::LazyLock<String> = std::sync::LazyLock::ne
     let row = one.trim().replace(|c: char| c.is_ascii_digit(), "");
     format!("{head}VALUES {}", vec![row; ROWS_PER_INSERT].join(", "))
 });
+
+/// What [`Store::oldest`] reads of a queued row, in the order [`Store::queued_row`] reads it.
+const QUEUED_COLUMNS: &str = "seq, ts, event_id, body, accepted, sends, unanswered, key_id, lane";
+
+/// The delivery order of a row of [`QUEUED_COLUMNS`].
+fn queued_key(r: &rusqlite::Row<'_>) -> rusqlite::Result<OrderKey> {
+    Ok((r.get(8)?, r.get(1)?, r.get::<_, i64>(0)? as u64))
+}
 
 /// The associated-data name of a queued event's body (crypto.rs).
 const BODY: &str = "events.body";
@@ -1070,23 +1135,44 @@ fn delete_unleased(conn: &Connection, leased: &[u64]) -> Result<u64> {
 }
 
 /// The disk cap's eviction: the oldest of the normal lane first, critical events only when no
-/// normal one is left (README §Critical lane).
-fn evict_oldest(tx: &Transaction<'_>, want: u64, leased: &[u64]) -> Result<u64> {
-    // One lane at a time, so each read walks the (lane, ts, seq) index instead of sorting the
-    // whole table for a mixed-direction ORDER BY.
-    let limit = (want as usize + leased.len()) as i64;
-    let mut seqs: Vec<i64> = Vec::new();
-    {
-        let mut stmt =
-            tx.prepare_cached("SELECT seq FROM events WHERE lane = ?1 ORDER BY ts, seq LIMIT ?2")?;
-        for lane in [LANE_NORMAL, LANE_CRITICAL] {
-            let left = limit - seqs.len() as i64;
-            if left <= 0 {
-                break;
-            }
-            let rows = stmt.query_map(params![lane, left], |r| r.get(0))?;
-            seqs.extend(rows.collect::<rusqlite::Result<Vec<i64>>>()?);
-        }
+/// normal one is left (README §Critical lane). The normal lane is the in-order rows (from
+/// `in_order_floor`, by seq) merged with its indexed ones; critical rows are all indexed.
+fn evict_oldest(
+    tx: &Transaction<'_>,
+    want: u64,
+    leased: &[u64],
+    in_order_floor: u64,
+) -> Result<u64> {
+    let limit = want as usize + leased.len();
+    let oldest_normal = {
+        let mut in_order = tx.prepare_cached(
+            "SELECT ts, seq FROM events WHERE seq >= ?1 AND in_order = 1 ORDER BY seq LIMIT ?2",
+        )?;
+        let mut indexed = tx.prepare_cached(
+            "SELECT ts, seq FROM events WHERE in_order = 0 AND lane = ?1 ORDER BY ts, seq
+             LIMIT ?2",
+        )?;
+        let pair = |r: &rusqlite::Row<'_>| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?));
+        let a = in_order
+            .query_map(params![in_order_floor as i64, limit as i64], pair)?
+            .collect::<rusqlite::Result<Vec<(i64, i64)>>>()?;
+        let b = indexed
+            .query_map(params![LANE_NORMAL, limit as i64], pair)?
+            .collect::<rusqlite::Result<Vec<(i64, i64)>>>()?;
+        let mut both = a;
+        both.extend(b);
+        both.sort_unstable();
+        both.truncate(limit);
+        both
+    };
+    let mut seqs: Vec<i64> = oldest_normal.into_iter().map(|(_, seq)| seq).collect();
+    if seqs.len() < limit {
+        let mut stmt = tx.prepare_cached(
+            "SELECT seq FROM events WHERE in_order = 0 AND lane = ?1 ORDER BY ts, seq LIMIT ?2",
+        )?;
+        let left = (limit - seqs.len()) as i64;
+        let rows = stmt.query_map(params![LANE_CRITICAL, left], |r| r.get(0))?;
+        seqs.extend(rows.collect::<rusqlite::Result<Vec<i64>>>()?);
     }
     let mut stmt = tx.prepare_cached("DELETE FROM events WHERE seq = ?1")?;
     let mut n = 0;
@@ -1388,5 +1474,139 @@ mod tests {
             3_000,
             "every row is queued or counted"
         );
+    }
+
+    /// An event at timestamp `ts` with track-order `seq`.
+    fn at(ts: i64, seq: u64, critical: bool) -> QueuedEvent {
+        QueuedEvent {
+            ts_ms: ts,
+            critical,
+            ..event(seq, 10)
+        }
+    }
+
+    fn keys(events: &[QueuedEvent]) -> Vec<OrderKey> {
+        events.iter().map(QueuedEvent::key).collect()
+    }
+
+    fn indexed_rows(store: &Store) -> i64 {
+        store
+            .conn()
+            .query_row(
+                "SELECT count(*) FROM events INDEXED BY events_out_of_order WHERE in_order = 0",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap()
+    }
+
+    /// Rows written in delivery order skip the index; whatever the mix (importer timestamps,
+    /// seqs out of step, critical and redriven rows, a reopen, deletions), batches read in
+    /// delivery order and the disk cap evicts the oldest normal rows first.
+    #[test]
+    fn in_order_rows_skip_the_index_and_every_read_keeps_delivery_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db");
+        let mut all: Vec<QueuedEvent> = Vec::new();
+        {
+            let store = Store::open(&path, 8 << 20, 0, Keyring::plain())
+                .unwrap()
+                .store;
+            // A spill of 200 tracked events: all in order.
+            let tracked: Vec<QueuedEvent> =
+                (1..=200).map(|i| at(1_000 + i, i as u64, false)).collect();
+            store.insert(&tracked).unwrap();
+            all.extend(tracked);
+            assert_eq!(
+                indexed_rows(&store),
+                0,
+                "a spill in delivery order writes no index entry"
+            );
+            // Out of order: older timestamps, a later timestamp with an earlier seq, critical.
+            let odd = vec![
+                at(500, 201, false),
+                at(1_100, 202, true),
+                at(1_150, 203, false),
+                at(5_000, 150_000, false),
+                at(6_000, 300, false),
+            ];
+            store.insert(&odd).unwrap();
+            all.extend(odd);
+            assert_eq!(
+                indexed_rows(&store),
+                4,
+                "only the last row is past the frontier"
+            );
+        }
+        // Reopened: the frontier is found again, so a row behind it is indexed.
+        let store = Store::open(&path, 8 << 20, 0, Keyring::plain())
+            .unwrap()
+            .store;
+        let behind = at(5_500, 301, false);
+        let past = at(7_000, 150_001, false);
+        store.insert(&[behind.clone(), past.clone()]).unwrap();
+        all.extend([behind, past]);
+        assert_eq!(indexed_rows(&store), 5);
+        all.sort_unstable_by_key(QueuedEvent::key);
+        assert_eq!(keys(&store.oldest(1_000).unwrap()), keys(&all));
+        // Delivered from the front, a batch at a time, with a lease in the way.
+        store.lease(&[all[1].seq]);
+        assert_eq!(
+            keys(&store.oldest(3).unwrap()),
+            keys(&[all[0].clone(), all[2].clone(), all[3].clone()])
+        );
+        store.release_all();
+        // The 120 oldest normal events delivered; the critical one stays.
+        let (critical, mut normal): (Vec<_>, Vec<_>) = all.into_iter().partition(|e| e.critical);
+        let delivered: Vec<u64> = normal.drain(..120).map(|e| e.seq).collect();
+        store.delete(&delivered).unwrap();
+        assert_eq!(
+            keys(&store.oldest(1_000).unwrap()),
+            [keys(&critical), keys(&normal)].concat()
+        );
+        // The cap's eviction: the oldest normal rows first, the critical row last.
+        let tx_evicted = {
+            let mut conn = store.conn();
+            let tx = conn.transaction().unwrap();
+            let floor = lock(&store.frontier).floor();
+            let n = evict_oldest(&tx, 85, &[], floor).unwrap();
+            tx.commit().unwrap();
+            n
+        };
+        assert_eq!(tx_evicted, 85);
+        assert_eq!(
+            keys(&store.oldest(1_000).unwrap()),
+            [keys(&critical), keys(&normal[85..])].concat()
+        );
+        // Past the normal rows, the critical one.
+        let mut conn = store.conn();
+        let tx = conn.transaction().unwrap();
+        let left = normal.len() as u64 - 85;
+        assert_eq!(evict_oldest(&tx, left + 5, &[], 0).unwrap(), left + 1);
+    }
+
+    /// The batch read takes the partial index, in its order: no sort of the table per batch.
+    #[test]
+    fn the_ordered_reads_walk_the_table_and_the_index_without_sorting() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("s.db"), 8 << 20, 0, Keyring::plain())
+            .unwrap()
+            .store;
+        let conn = store.conn();
+        let plan = |sql: &str| -> String {
+            let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+            let rows = stmt.query_map([], |r| r.get::<_, String>(3)).unwrap();
+            rows.map(|r| r.unwrap()).collect::<Vec<_>>().join("; ")
+        };
+        let indexed = plan(&format!(
+            "SELECT {QUEUED_COLUMNS} FROM events WHERE in_order = 0 ORDER BY lane, ts, seq LIMIT 10"
+        ));
+        assert!(indexed.contains("events_out_of_order"), "{indexed}");
+        let in_order = plan(&format!(
+            "SELECT {QUEUED_COLUMNS} FROM events WHERE seq >= 5 AND in_order = 1 ORDER BY seq LIMIT 10"
+        ));
+        for plan in [&indexed, &in_order] {
+            assert!(!plan.contains("TEMP B-TREE"), "{plan}");
+        }
     }
 }

@@ -2,9 +2,10 @@
 //! (timestamp, then track order), so callers that pass shuffled timestamps still get ordered
 //! batches, and the overflow that moves to disk is always the oldest.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
-use crate::event::{EventId, LANE_NORMAL, OrderKey, QueuedEvent, SendNote};
+use super::ordered::Ordered;
+use crate::event::{EventId, OrderKey, QueuedEvent, SendNote};
 
 /// The spill queue holds at most `max(memory_capacity, SPILL_BACKLOG_MIN)` events. A burst faster
 /// than SQLite can commit (hundreds of thousands of events a second) is absorbed up to there;
@@ -12,20 +13,21 @@ use crate::event::{EventId, LANE_NORMAL, OrderKey, QueuedEvent, SendNote};
 /// wait on the disk. Bulk importers that must not drop use `durability = always`.
 pub const SPILL_BACKLOG_MIN: usize = 10_000;
 
-/// From this many events a fold merges them into the queue at once instead of one by one.
-const MERGE_FROM: usize = 64;
-
 #[derive(Default)]
 pub struct MemoryBuffer {
     /// Waiting to be sent, in delivery order.
-    queued: BTreeMap<OrderKey, QueuedEvent>,
+    queued: Ordered,
     /// Overflow handed to the spiller, oldest first; not yet in the store. The delivery worker
     /// reads it as part of memory (see [`MemoryBuffer::peek`]), so a batch never waits for the
     /// whole spill backlog to be written first.
-    spill: Vec<QueuedEvent>,
+    /// A ring buffer: the fold appends at the back while the spill takes chunks off the front,
+    /// each in time proportional to the chunk, however long the backlog.
+    spill: VecDeque<QueuedEvent>,
     /// False once an event older than the last one joined `spill` (only callers that pass
     /// their own timestamps do that); it is sorted again before anyone relies on its order.
     spill_unsorted: bool,
+    /// The inbox's other half (see [`super::Queue`]'s fold): empty, with the room a fold needed.
+    pub inbox_spare: Vec<QueuedEvent>,
     /// Events of the batch being sent that came from memory, by seq. `persisted` marks those
     /// `persist()` wrote to the store meanwhile as leased rows: from then on the store holds
     /// (and counts) them, this copy is only the batch's, and the acknowledgement deletes the row.
@@ -45,45 +47,29 @@ impl MemoryBuffer {
     /// Adds an event and enforces `capacity`: with a store the oldest move to the spill queue
     /// (itself bounded, see [`SPILL_BACKLOG_MIN`]); without one they drop.
     pub fn push(&mut self, event: QueuedEvent, capacity: usize, spill_enabled: bool) -> Overflow {
-        self.push_many(std::iter::once(event), capacity, spill_enabled)
+        self.queued.insert(event);
+        self.enforce_ceiling(capacity, spill_enabled)
     }
 
     /// [`MemoryBuffer::push`] for many events at once (the inbox, when it is folded in): memory
     /// keeps the same events as if they came one by one (the ones evicted last), and past the
-    /// spill backlog's ceiling the oldest of all are dropped. A large fold is one linear merge
-    /// into the queue instead of an insert and a removal per event, which was a sixth of the
-    /// spill thread's time.
+    /// spill backlog's ceiling the oldest of all are dropped. Events that sort after everything
+    /// queued (a fold of `track()` calls) are appended, and the oldest leave from the front.
+    /// `events` is left empty, with its room.
     pub fn push_many(
         &mut self,
-        events: impl ExactSizeIterator<Item = QueuedEvent>,
+        events: &mut Vec<QueuedEvent>,
         capacity: usize,
         spill_enabled: bool,
     ) -> Overflow {
-        if events.len() > MERGE_FROM {
-            let mut more: BTreeMap<OrderKey, QueuedEvent> =
-                events.into_iter().map(|e| (e.key(), e)).collect();
-            self.queued.append(&mut more);
-        } else {
-            for event in events {
-                self.queued.insert(event.key(), event);
-            }
-        }
-        let mut overflow = Overflow::default();
-        if spill_enabled {
-            self.spill
-                .reserve(self.queued.len().saturating_sub(capacity));
-        }
-        while self.queued.len() > capacity {
-            let Some(oldest) = self.pop_evictable() else {
-                break;
-            };
-            if spill_enabled {
-                overflow.spill_started |= self.spill.is_empty();
-                self.add_to_spill(oldest);
-            } else {
-                overflow.dropped += 1;
-            }
-        }
+        self.queued.insert_many(events);
+        self.enforce_ceiling(capacity, spill_enabled)
+    }
+
+    /// Enforces `capacity`, then the spill backlog's ceiling: past it the oldest of all are
+    /// dropped (counted by the caller).
+    fn enforce_ceiling(&mut self, capacity: usize, spill_enabled: bool) -> Overflow {
+        let mut overflow = self.enforce(capacity, spill_enabled);
         let ceiling = capacity.max(SPILL_BACKLOG_MIN);
         if self.spill.len() > ceiling {
             self.sort_spill();
@@ -101,26 +87,21 @@ impl MemoryBuffer {
         overflow
     }
 
-    /// The event that leaves memory first when it is full (to the spill, or dropped): the
-    /// oldest of the normal lane, and a critical one only when no normal event is left
-    /// (README §Critical lane: critical events are evicted last).
-    fn pop_evictable(&mut self) -> Option<QueuedEvent> {
-        // The critical lane sorts first: with none of it in memory (the usual case) the oldest
-        // normal event is simply the first.
-        if self
-            .queued
-            .first_key_value()
-            .is_some_and(|(k, _)| k.0 == LANE_NORMAL)
-        {
-            return self.queued.pop_first().map(|(_, e)| e);
+    /// Moves the oldest past `capacity` to the spill queue, or drops them without a store.
+    fn enforce(&mut self, capacity: usize, spill_enabled: bool) -> Overflow {
+        let mut overflow = Overflow::default();
+        let excess = self.queued.len().saturating_sub(capacity);
+        if spill_enabled {
+            overflow.spill_started = excess > 0 && self.spill.is_empty();
+            self.spill.reserve(excess);
+            for oldest in self.queued.evict(excess) {
+                note_order(&mut self.spill_unsorted, self.spill.back(), &oldest);
+                self.spill.push_back(oldest);
+            }
+        } else {
+            overflow.dropped = self.queued.evict(excess).count() as u64;
         }
-        let key = self
-            .queued
-            .range((LANE_NORMAL, i64::MIN, 0)..)
-            .next()
-            .or_else(|| self.queued.first_key_value())
-            .map(|(k, _)| *k)?;
-        self.queued.remove(&key)
+        overflow
     }
 
     /// How many events memory can take now without dropping any: the room left in the queue
@@ -134,19 +115,9 @@ impl MemoryBuffer {
     /// [`MemoryBuffer::room`]): like [`MemoryBuffer::push`], but the spill backlog may pass its
     /// ceiling by what other threads added meanwhile rather than drop part of the batch.
     /// Returns true when the spiller should wake.
-    pub fn push_batch(&mut self, events: Vec<QueuedEvent>, capacity: usize) -> bool {
-        let mut spill_started = false;
-        for event in events {
-            self.queued.insert(event.key(), event);
-            while self.queued.len() > capacity {
-                let Some(oldest) = self.pop_evictable() else {
-                    break;
-                };
-                spill_started |= self.spill.is_empty();
-                self.add_to_spill(oldest);
-            }
-        }
-        spill_started
+    pub fn push_batch(&mut self, mut events: Vec<QueuedEvent>, capacity: usize) -> bool {
+        self.queued.insert_many(&mut events);
+        self.enforce(capacity, true).spill_started
     }
 
     /// Adds straight to the spill queue (durability `always`).
@@ -157,19 +128,15 @@ impl MemoryBuffer {
     }
 
     fn add_to_spill(&mut self, event: QueuedEvent) {
-        if self
-            .spill
-            .last()
-            .is_some_and(|last| event.key() < last.key())
-        {
-            self.spill_unsorted = true;
-        }
-        self.spill.push(event);
+        note_order(&mut self.spill_unsorted, self.spill.back(), &event);
+        self.spill.push_back(event);
     }
 
     fn sort_spill(&mut self) {
         if self.spill_unsorted {
-            self.spill.sort_unstable_by_key(QueuedEvent::key);
+            self.spill
+                .make_contiguous()
+                .sort_unstable_by_key(QueuedEvent::key);
             self.spill_unsorted = false;
         }
     }
@@ -178,11 +145,10 @@ impl MemoryBuffer {
     pub fn take_spill(&mut self, max: usize) -> Vec<QueuedEvent> {
         if max >= self.spill.len() {
             self.spill_unsorted = false;
-            return std::mem::take(&mut self.spill);
+            return std::mem::take(&mut self.spill).into();
         }
         self.sort_spill();
-        let rest = self.spill.split_off(max);
-        std::mem::replace(&mut self.spill, rest)
+        self.spill.drain(..max).collect()
     }
 
     pub fn spill_len(&self) -> usize {
@@ -190,7 +156,8 @@ impl MemoryBuffer {
     }
 
     /// Puts back a spill that the store refused, ahead of newer overflow.
-    pub fn return_spill(&mut self, mut events: Vec<QueuedEvent>) {
+    pub fn return_spill(&mut self, events: Vec<QueuedEvent>) {
+        let mut events = VecDeque::from(events);
         events.append(&mut self.spill);
         self.spill = events;
         self.spill_unsorted = true;
@@ -199,9 +166,9 @@ impl MemoryBuffer {
     /// `durability = always`: everything waiting for the store and not in flight (new events
     /// and those a full disk refused before), for one commit.
     pub fn take_unstored(&mut self) -> Vec<QueuedEvent> {
-        let mut events = std::mem::take(&mut self.spill);
+        let mut events: Vec<QueuedEvent> = std::mem::take(&mut self.spill).into();
         self.spill_unsorted = false;
-        events.extend(std::mem::take(&mut self.queued).into_values());
+        events.extend(self.queued.take_all());
         events
     }
 
@@ -209,15 +176,10 @@ impl MemoryBuffer {
     /// delivers them while the disk stays full (their callers were told `NotDurable`), at most
     /// `max` of them; the oldest beyond that are dropped and their count returned
     /// (`memory_overflow`).
-    pub fn keep_refused(&mut self, events: Vec<QueuedEvent>, max: usize) -> u64 {
-        for event in events {
-            self.queued.insert(event.key(), event);
-        }
-        let mut dropped = 0;
-        while self.queued.len() > max && self.pop_evictable().is_some() {
-            dropped += 1;
-        }
-        dropped
+    pub fn keep_refused(&mut self, mut events: Vec<QueuedEvent>, max: usize) -> u64 {
+        self.queued.insert_many(&mut events);
+        let excess = self.queued.len().saturating_sub(max);
+        self.queued.evict(excess).count() as u64
     }
 
     /// Everything not yet in the store, for `persist()`: the queue and spill are moved out
@@ -225,9 +187,9 @@ impl MemoryBuffer {
     /// writes the copies as leased rows, so nothing (eviction, expiry, `purge_pending()`, the
     /// next batch) touches them until the batch is answered.
     pub fn take_for_persist(&mut self) -> (Vec<QueuedEvent>, Vec<QueuedEvent>) {
-        let mut moved = std::mem::take(&mut self.spill);
+        let mut moved: Vec<QueuedEvent> = std::mem::take(&mut self.spill).into();
         self.spill_unsorted = false;
-        moved.extend(std::mem::take(&mut self.queued).into_values());
+        moved.extend(self.queued.take_all());
         let mut copies = Vec::new();
         for (event, persisted) in self.in_flight.values_mut() {
             if !*persisted {
@@ -251,8 +213,12 @@ impl MemoryBuffer {
     /// ones, and with `with_spill` those waiting to spill too.
     pub fn peek(&mut self, limit: usize, with_spill: bool) -> impl Iterator<Item = &QueuedEvent> {
         self.sort_spill();
-        let mut queued = self.queued.values().peekable();
-        let spill = if with_spill { &self.spill[..] } else { &[] };
+        let mut queued = self.queued.iter().peekable();
+        let spill: &[QueuedEvent] = if with_spill {
+            self.spill.make_contiguous()
+        } else {
+            &[]
+        };
         let mut spill = spill.iter().peekable();
         std::iter::from_fn(move || match (queued.peek(), spill.peek()) {
             (Some(q), Some(s)) if s.key() < q.key() => spill.next(),
@@ -275,10 +241,11 @@ impl MemoryBuffer {
         }
         if !in_spill.is_empty() {
             in_spill.sort_unstable();
-            out.extend(
-                self.spill
-                    .extract_if(.., |e| in_spill.binary_search(&e.key()).is_ok()),
-            );
+            let (leased, kept): (VecDeque<_>, VecDeque<_>) = std::mem::take(&mut self.spill)
+                .into_iter()
+                .partition(|e| in_spill.binary_search(&e.key()).is_ok());
+            self.spill = kept;
+            out.extend(leased);
         }
         out.into_iter()
             .map(|event| {
@@ -292,13 +259,14 @@ impl MemoryBuffer {
     /// Returns in-flight events to the queue (the attempt failed or was abandoned).
     /// Events `persist()` copied to the store meanwhile are not returned: the store has them.
     pub fn release(&mut self, seqs: &[u64]) {
-        for seq in seqs {
-            if let Some((event, persisted)) = self.in_flight.remove(seq)
-                && !persisted
-            {
-                self.queued.insert(event.key(), event);
-            }
-        }
+        let mut back: Vec<QueuedEvent> = seqs
+            .iter()
+            .filter_map(|seq| match self.in_flight.remove(seq) {
+                Some((event, false)) => Some(event),
+                _ => None,
+            })
+            .collect();
+        self.queued.insert_many(&mut back);
     }
 
     /// Returns every in-flight event to the queue (the worker restarted).
@@ -330,7 +298,7 @@ impl MemoryBuffer {
             }
             fresh
         };
-        self.queued.retain(|_, e| keep(e));
+        self.queued.retain(|e| keep(e));
         self.spill.retain(|e| keep(e));
         gone
     }
@@ -376,9 +344,17 @@ impl MemoryBuffer {
     }
 }
 
+/// Marks the spill queue unsorted when `next`, about to be pushed after `last`, sorts before it.
+fn note_order(unsorted: &mut bool, last: Option<&QueuedEvent>, next: &QueuedEvent) {
+    if last.is_some_and(|last| next.key() < last.key()) {
+        *unsorted = true;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::event::LANE_NORMAL;
 
     /// Timestamp and seq: the order within a lane.
     fn ts_seq(e: &QueuedEvent) -> (i64, u64) {
@@ -524,9 +500,9 @@ mod tests {
         }
         bulk.push(ev(1_000, 10_000), 100, true);
         one.push(ev(1_000, 10_000), 100, true);
-        let overflow = bulk.push_many(events.into_iter(), 100, true);
+        let overflow = bulk.push_many(&mut events.clone(), 100, true);
         assert!(overflow.spill_started);
-        let kept = |b: &MemoryBuffer| b.queued.keys().copied().collect::<Vec<_>>();
+        let kept = |b: &MemoryBuffer| b.queued.iter().map(QueuedEvent::key).collect::<Vec<_>>();
         let spilled = |b: &mut MemoryBuffer| {
             let mut v: Vec<_> = b.take_spill(usize::MAX).iter().map(ts_seq).collect();
             v.sort_unstable();
@@ -536,7 +512,7 @@ mod tests {
         assert_eq!(kept(&bulk), kept(&one));
         assert_eq!(spilled(&mut bulk), spilled(&mut one));
         assert!(
-            bulk.queued.values().filter(|e| e.critical).count() >= 13,
+            bulk.queued.iter().filter(|e| e.critical).count() >= 13,
             "critical events stay in memory while normal ones can go"
         );
     }

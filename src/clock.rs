@@ -50,9 +50,10 @@ impl Clock for SystemClock {
     }
 
     fn wall_ms(&self) -> i64 {
+        // Seconds and milliseconds apart: `as_millis` divides a u128, on every `track()`.
         SystemTime::now()
             .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_millis() as i64)
+            .map(|d| d.as_secs() as i64 * 1_000 + i64::from(d.subsec_millis()))
             .unwrap_or(0)
     }
 

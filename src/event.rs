@@ -105,7 +105,19 @@ impl NewEvent {
     /// §Events), recording nothing: what a tool checks a file of events with before sending any
     /// of it. `now_ms` (wall clock, Unix ms) is the timestamp when the event has none.
     pub fn to_wire_json(&self, now_ms: i64, max_event_bytes: u64) -> Result<String> {
-        prepare(self, now_ms, 0, max_event_bytes).map(|q| q.json.into())
+        prepare(self.fields(), now_ms, 0, max_event_bytes).map(|q| q.json.into())
+    }
+
+    /// Its fields, borrowed, as [`prepare`] reads them.
+    pub fn fields(&self) -> EventFields<'_> {
+        EventFields {
+            name: &self.name,
+            properties: &self.properties,
+            event_id: self.event_id.as_deref(),
+            timestamp: self.timestamp.as_deref(),
+            session_id: self.session_id.as_deref(),
+            priority: self.priority,
+        }
     }
 
     pub fn new(name: impl Into<String>, properties: Value) -> NewEvent {
@@ -113,6 +125,33 @@ impl NewEvent {
             name: name.into(),
             properties,
             ..NewEvent::default()
+        }
+    }
+}
+
+/// What [`prepare`] reads of an event: [`NewEvent`]'s fields, borrowed, so that
+/// `track(name, properties)` validates and renders an event without first copying its name
+/// into a `NewEvent`.
+#[derive(Clone, Copy, Debug)]
+pub struct EventFields<'a> {
+    pub name: &'a str,
+    pub properties: &'a Value,
+    pub event_id: Option<&'a str>,
+    pub timestamp: Option<&'a str>,
+    pub session_id: Option<&'a str>,
+    pub priority: Priority,
+}
+
+impl<'a> EventFields<'a> {
+    /// A name and properties, every other field left to the SDK.
+    pub fn new(name: &'a str, properties: &'a Value) -> EventFields<'a> {
+        EventFields {
+            name,
+            properties,
+            event_id: None,
+            timestamp: None,
+            session_id: None,
+            priority: Priority::Normal,
         }
     }
 }
@@ -256,7 +295,7 @@ struct WireEvent<'a> {
 /// Validates an event and renders its wire form; `now_ms` is the wall clock, the event's
 /// acceptance time and its timestamp when the caller gave none.
 pub fn prepare(
-    event: &NewEvent,
+    event: EventFields<'_>,
     now_ms: i64,
     seq: u64,
     max_event_bytes: u64,
@@ -270,13 +309,13 @@ pub fn prepare(
             event.name.len()
         )));
     }
-    let Value::Object(properties) = &event.properties else {
+    let Value::Object(properties) = event.properties else {
         return Err(Error::InvalidEvent(format!(
             "properties must be a JSON object, got {}",
-            json_kind(&event.properties)
+            json_kind(event.properties)
         )));
     };
-    if let Some(session) = &event.session_id
+    if let Some(session) = event.session_id
         && session.len() > MAX_SESSION_ID_BYTES
     {
         return Err(Error::InvalidEvent(format!(
@@ -284,11 +323,11 @@ pub fn prepare(
             session.len()
         )));
     }
-    let id = match &event.event_id {
+    let id = match event.event_id {
         Some(text) => EventId::parse(text)?,
         None => EventId::new(),
     };
-    let ts_ms = match &event.timestamp {
+    let ts_ms = match event.timestamp {
         Some(text) => parse_timestamp(text)?,
         None => now_ms,
     };
@@ -296,9 +335,9 @@ pub fn prepare(
     let timestamp = Timestamp::new(ts_ms);
     let wire = WireEvent {
         event_id: id.0.hyphenated().encode_lower(&mut id_buf),
-        name: &event.name,
+        name: event.name,
         timestamp: timestamp.as_str(),
-        session_id: event.session_id.as_deref(),
+        session_id: event.session_id,
         properties,
     };
     let json = render(&wire, max_event_bytes)?;
@@ -505,7 +544,7 @@ mod tests {
     }
 
     fn prep(e: &NewEvent) -> Result<QueuedEvent> {
-        prepare(e, 1_764_417_600_000, 1, 32 * 1024)
+        prepare(e.fields(), 1_764_417_600_000, 1, 32 * 1024)
     }
 
     #[test]
@@ -556,7 +595,7 @@ mod tests {
     #[test]
     fn oversized_event_names_size_and_limit() {
         let e = prepare(
-            &NewEvent::new("a", json!({"x": "y".repeat(500)})),
+            NewEvent::new("a", json!({"x": "y".repeat(500)})).fields(),
             0,
             1,
             300,

@@ -12,7 +12,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::config::{Config, Durability};
 use crate::consent::Consent;
 use crate::error::{ConfigError, Error, Result};
-use crate::event::{self, EventId, NewEvent, Priority, QueuedEvent};
+use crate::event::{self, EventFields, EventId, NewEvent, Priority, QueuedEvent};
 use crate::fleet::{Fleet, Screen};
 use crate::observers::{ObserverHandle, Observers};
 use crate::quarantine::{ListFilter, QuarantinedEvent, Selector};
@@ -308,7 +308,7 @@ impl EventSpool {
     /// which waits for the shared commit that makes it durable, and returns
     /// [`Error::NotDurable`] with the event's id when the store could not take it).
     pub fn track(&self, name: &str, properties: serde_json::Value) -> Result<EventId> {
-        self.track_event(NewEvent::new(name, properties))
+        self.track_fields(EventFields::new(name, &properties))
     }
 
     /// Records an event with any of its optional fields set by the caller. A critical event
@@ -316,13 +316,17 @@ impl EventSpool {
     /// always` (memory-only spools have no store: it is queued first in memory), and starts a
     /// drain at once (README §Critical lane).
     pub fn track_event(&self, event: NewEvent) -> Result<EventId> {
+        self.track_fields(event.fields())
+    }
+
+    fn track_fields(&self, event: EventFields<'_>) -> Result<EventId> {
         let critical = event.priority == Priority::Critical;
         let accepted = {
             let _admitted = self.handle.admission.read_recursive();
             self.check_accepting()?;
-            let queued = self.prepare(&event)?;
+            let queued = self.prepare(event)?;
             let id = queued.id;
-            if !self.screen(&event.name)? {
+            if !self.screen(event.name)? {
                 return Ok(id);
             }
             self.accept(std::iter::once(queued), 1, critical)
@@ -359,7 +363,7 @@ impl EventSpool {
             .iter()
             .enumerate()
             .map(|(i, e)| {
-                self.prepare(e)
+                self.prepare(e.fields())
                     .map_err(|err| Error::InvalidEvent(format!("event {}: {err}", i + 1)))
             })
             .collect::<Result<Vec<_>>>()?;
@@ -404,7 +408,7 @@ impl EventSpool {
     /// refuses it; both counted.
     fn screen(&self, name: &str) -> Result<bool> {
         let s = self.shared();
-        match s.fleet.screen(name, s.clock.wall_ms()) {
+        match s.fleet.screen(name, || s.clock.wall_ms()) {
             Screen::Keep => Ok(true),
             Screen::Sampled => {
                 s.counters.drop(DropReason::Sampled, 1);
@@ -433,7 +437,7 @@ impl EventSpool {
         Ok(())
     }
 
-    fn prepare(&self, event: &NewEvent) -> Result<QueuedEvent> {
+    fn prepare(&self, event: EventFields<'_>) -> Result<QueuedEvent> {
         let s = self.shared();
         event::prepare(
             event,

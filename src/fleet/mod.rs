@@ -307,10 +307,13 @@ impl Fleet {
     }
 
     /// What `track()` does with an event named `name` at `wall_ms`.
-    pub fn screen(&self, name: &str, wall_ms: i64) -> Screen {
+    /// `wall_ms` is read only while a directive is in force: `track()` calls this for every
+    /// event.
+    pub fn screen(&self, name: &str, wall_ms: impl FnOnce() -> i64) -> Screen {
         if !self.steering.load(Ordering::Acquire) {
             return Screen::Keep;
         }
+        let wall_ms = wall_ms();
         let mut g = lock(&self.inner);
         let Some(d) = &g.directive else {
             return Screen::Keep;

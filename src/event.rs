@@ -248,6 +248,46 @@ impl QueuedEvent {
     pub fn bytes(&self) -> u64 {
         self.json.len() as u64
     }
+
+    /// The wire JSON after its head `{"event_id":"<id>","timestamp":"<ts>",`, when it starts
+    /// with exactly the head of this event's id and timestamp (what [`prepare`] writes);
+    /// [`with_wire_head`] puts the head back, byte for byte. `id` is the hyphenated id text.
+    /// Checked, not assumed: a body of another layout (an older release's, a redriven event's)
+    /// has none and is kept whole.
+    pub fn wire_tail(&self, id: &str) -> Option<&str> {
+        let rest = self.json.strip_prefix(HEAD_ID)?.strip_prefix(id)?;
+        let rest = rest.strip_prefix(HEAD_TIMESTAMP)?;
+        let rest = rest.strip_prefix(Timestamp::new(self.ts_ms).as_str())?;
+        let tail = rest.strip_prefix(HEAD_END)?;
+        // A tail never starts with `{`, so a row tells which form it holds by its first byte.
+        tail.starts_with('"').then_some(tail)
+    }
+}
+
+const HEAD_ID: &str = r#"{"event_id":""#;
+const HEAD_TIMESTAMP: &str = r#"","timestamp":""#;
+const HEAD_END: &str = r#"","#;
+
+/// The wire JSON of an event whose head the store left out ([`QueuedEvent::wire_tail`]); a
+/// `stored` body that is a whole JSON object (it starts with `{`) is returned as it is.
+pub fn with_wire_head(id: &str, ts_ms: i64, stored: String) -> String {
+    if stored.starts_with('{') {
+        return stored;
+    }
+    let timestamp = Timestamp::new(ts_ms);
+    let timestamp = timestamp.as_str();
+    let mut json = String::with_capacity(
+        HEAD_ID.len()
+            + id.len()
+            + HEAD_TIMESTAMP.len()
+            + timestamp.len()
+            + HEAD_END.len()
+            + stored.len(),
+    );
+    for part in [HEAD_ID, id, HEAD_TIMESTAMP, timestamp, HEAD_END, &stored] {
+        json.push_str(part);
+    }
+    json
 }
 
 /// A change to an event's send counts ([`QueuedEvent::sends`], [`QueuedEvent::unanswered`]).
@@ -282,11 +322,15 @@ impl SendNote {
     }
 }
 
+/// The wire form's fields in the order they are written. The id and the timestamp come first so
+/// that every event starts with the same head, `{"event_id":"…","timestamp":"…",`, which the
+/// store leaves out of the row (it has both as columns) and puts back when it reads it
+/// ([`QueuedEvent::wire_tail`], [`with_wire_head`]).
 #[derive(Serialize)]
 struct WireEvent<'a> {
     event_id: &'a str,
-    name: &'a str,
     timestamp: &'a str,
+    name: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
     session_id: Option<&'a str>,
     properties: &'a Map<String, Value>,
@@ -559,6 +603,56 @@ mod tests {
         assert_eq!(v["session_id"], "s-1");
         assert_eq!(v["properties"]["screen"], "home");
         assert_eq!(v["event_id"], q.id.to_string());
+    }
+
+    /// The store keeps an event without its head and puts it back: byte for byte the JSON
+    /// `track()` rendered, whatever the timestamp, session id or
+    /// properties. A body of any other layout has no tail and is kept whole.
+    #[test]
+    fn the_wire_head_comes_off_and_goes_back_byte_for_byte() {
+        let mut events = vec![
+            NewEvent::new("screen_view", json!({"screen": "home", "n": 1.5})),
+            NewEvent::new(
+                "a\"b",
+                json!({"t": "tab\tand \u{e9}\u{1f600}", "nested": {"x": [1, null]}}),
+            ),
+            NewEvent::new("e", json!({})),
+        ];
+        events[0].session_id = Some("s-1".into());
+        events[1].timestamp = Some("2026-11-29T12:58:00.001+01:00".into());
+        events[2].timestamp = Some("9999-12-31T23:59:59.999Z".into());
+        for e in &events {
+            let q = prep(e).unwrap();
+            let id = q.id.to_string();
+            let tail = q
+                .wire_tail(&id)
+                .unwrap_or_else(|| panic!("no tail in {}", q.json));
+            assert!(tail.len() + 80 < q.json.len(), "{tail}");
+            assert_eq!(with_wire_head(&id, q.ts_ms, tail.to_owned()), &*q.json);
+            assert_eq!(
+                q.wire_tail(&EventId::new().to_string()),
+                None,
+                "another id's head"
+            );
+            let moved = QueuedEvent {
+                ts_ms: q.ts_ms + 1,
+                ..q.clone()
+            };
+            assert_eq!(moved.wire_tail(&id), None, "another timestamp's head");
+        }
+        let old_layout = QueuedEvent {
+            json: format!(
+                r#"{{"event_id":"{}","name":"e","timestamp":"x","properties":{{}}}}"#,
+                EventId::new()
+            )
+            .into(),
+            ..prep(&events[0]).unwrap()
+        };
+        assert_eq!(old_layout.wire_tail(&old_layout.id.to_string()), None);
+        assert_eq!(
+            with_wire_head("id", 0, old_layout.json.to_string()),
+            &*old_layout.json
+        );
     }
 
     #[test]

@@ -959,7 +959,7 @@ impl Queue {
         if let Some(store) = &self.store {
             stats.pending_disk = store.len();
             stats.store_bytes = store.disk_usage();
-            stats.quarantine = store.with_quarantine(|q| q.counts()).unwrap_or_default();
+            stats.quarantine = store.quarantine_counts().unwrap_or_default();
         } else {
             stats.quarantine = lock(&self.memory_quarantine).counts();
         }

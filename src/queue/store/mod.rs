@@ -13,6 +13,7 @@ mod quarantine_sql;
 pub mod schema;
 mod wal;
 
+use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -133,6 +134,11 @@ pub struct Store {
     /// Which new rows skip the ordering index (frontier.rs). Taken only with the connection
     /// held.
     frontier: Mutex<Frontier>,
+    /// The dead letters by reason as last counted, or `None` once any write may have changed
+    /// them: `stats()` reads this instead of waiting for the connection behind a spill, and a
+    /// sealed store does not open every reason at each call. Set, and cleared, only with the
+    /// connection held.
+    quarantine_counts: Mutex<Option<BTreeMap<String, u64>>>,
 }
 
 /// A connection to a store that is ours, configured and migrated.
@@ -240,6 +246,7 @@ impl Store {
             wal,
             db_file_bytes: AtomicU64::new(0),
             frontier: Mutex::new(frontier),
+            quarantine_counts: Mutex::new(None),
         }
     }
 
@@ -541,6 +548,7 @@ impl Store {
             } else {
                 want
             };
+            self.forget_quarantine_counts();
             let q = QuarantineSql::evict_oldest(tx, want)?;
             if q == 0 {
                 break;
@@ -867,6 +875,7 @@ impl Store {
     pub fn discard_for_consent(&self) -> Result<(u64, u64)> {
         let leased = self.leased().clone();
         let mut conn = self.conn();
+        self.forget_quarantine_counts();
         conn.pragma_update(None, "secure_delete", true)?;
         let result = (|| -> Result<(u64, u64)> {
             let tx = conn.transaction()?;
@@ -892,6 +901,33 @@ impl Store {
         Ok((queued, dead))
     }
 
+    /// The dead letters by reason ([`QuarantineSql::counts`]), counted again only after a
+    /// write that may have changed them.
+    pub fn quarantine_counts(&self) -> Result<BTreeMap<String, u64>> {
+        if let Some(counts) = lock(&self.quarantine_counts).as_ref() {
+            return Ok(counts.clone());
+        }
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        let counts = QuarantineSql::bounded(&tx, self.byte_limits(), &self.keys).counts()?;
+        tx.commit()?;
+        *lock(&self.quarantine_counts) = Some(counts.clone());
+        Ok(counts)
+    }
+
+    fn byte_limits(&self) -> ByteLimits {
+        ByteLimits {
+            db_bytes: self.budget.db_bytes,
+            dead_bytes: self.budget.dead_bytes,
+            page_size: self.page_size,
+        }
+    }
+
+    /// Called with the connection held, before anything that may change the dead letters.
+    fn forget_quarantine_counts(&self) {
+        *lock(&self.quarantine_counts) = None;
+    }
+
     /// Runs `f` with the quarantine tables, in one transaction whose inserts keep to the
     /// dead letters' budget and the disk cap.
     pub fn with_quarantine<T>(&self, f: impl FnOnce(&QuarantineSql<'_>) -> Result<T>) -> Result<T> {
@@ -907,12 +943,8 @@ impl Store {
         from_queue: &[u64],
         f: impl FnOnce(&QuarantineSql<'_>) -> Result<T>,
     ) -> Result<T> {
-        let limits = ByteLimits {
-            db_bytes: self.budget.db_bytes,
-            dead_bytes: self.budget.dead_bytes,
-            page_size: self.page_size,
-        };
         let mut conn = self.conn();
+        self.forget_quarantine_counts();
         let before = conn.total_changes();
         let tx = conn.transaction()?;
         let mut moved = 0;
@@ -922,7 +954,7 @@ impl Store {
                 moved += stmt.execute([*seq as i64])? as u64;
             }
         }
-        let out = f(&QuarantineSql::bounded(&tx, limits, &self.keys))?;
+        let out = f(&QuarantineSql::bounded(&tx, self.byte_limits(), &self.keys))?;
         tx.commit()?;
         if conn.total_changes() != before {
             self.checkpoint_if_needed(&conn)?;
@@ -1378,10 +1410,18 @@ mod tests {
         }
         const CAP: u64 = 256 * 1024;
         let store = Store::open(&path, CAP, 0, Keyring::plain()).unwrap().store;
+        let before = store.quarantine_counts().unwrap();
+        assert_eq!(before["rejected"], 400);
         let live: Vec<_> = (100_000..100_200).map(|s| event(s, 300)).collect();
         let report = store.insert(&live).unwrap();
         assert_eq!(report.evicted, 0, "no queued event evicted: {report:?}");
         assert!(report.evicted_quarantine > 0, "{report:?}");
+        let left = store.quarantine_counts().unwrap();
+        assert_eq!(
+            left.get("rejected").copied().unwrap_or(0),
+            400 - report.evicted_quarantine,
+            "the counts stats() reads follow the cap's eviction"
+        );
         assert_eq!(store.oldest(1_000).unwrap().len(), 200);
         let used = store
             .with_quarantine(|q| QuarantineSql::used_bytes(q.tx()))

@@ -1124,4 +1124,57 @@ mod tests {
         q.stop_spiller();
         spiller.join().unwrap();
     }
+
+    /// The written events' JSON goes to the tracking threads to free, within its bounds, and
+    /// what they leave is freed once the spill has nothing more to write: nothing piles up.
+    #[test]
+    fn spent_json_stays_bounded_and_is_freed_once_the_spill_is_done() {
+        const CAPACITY: u64 = 100;
+        let dir = tempfile::tempdir().unwrap();
+        let q = Arc::new(
+            Queue::open(
+                &dir.path().join("q.db"),
+                1 << 30,
+                0,
+                params(CAPACITY, Durability::Spill),
+                Ledger::default(),
+                Default::default(),
+            )
+            .unwrap()
+            .queue,
+        );
+        let spiller = {
+            let q = q.clone();
+            std::thread::spawn(move || q.run_spiller(|| {}))
+        };
+        let spent = || {
+            let inbox = q.inbox.lock();
+            (inbox.spent.len(), inbox.spent_bytes)
+        };
+        let mut most = (0, 0);
+        for seq in 1..=5_000u64 {
+            q.push(event(seq as i64, seq));
+            let (n, bytes) = spent();
+            assert_eq!(bytes, {
+                let inbox = q.inbox.lock();
+                inbox.spent.iter().map(|j| j.len()).sum::<usize>()
+            });
+            most = (most.0.max(n), most.1.max(bytes));
+        }
+        assert!(most.0 <= SPENT_MAX && most.1 <= SPENT_BYTES_MAX, "{most:?}");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while (q.store.as_ref().unwrap().len() < 4_900 || spent().0 > 0)
+            && Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(q.store.as_ref().unwrap().len(), 4_900);
+        assert_eq!(
+            spent(),
+            (0, 0),
+            "freed once the spill had nothing more to write"
+        );
+        q.stop_spiller();
+        spiller.join().unwrap();
+    }
 }

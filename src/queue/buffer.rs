@@ -362,16 +362,7 @@ mod tests {
     }
 
     fn ev(ts: i64, seq: u64) -> QueuedEvent {
-        QueuedEvent {
-            ts_ms: ts,
-            seq,
-            id: EventId::new(),
-            json: "{}".into(),
-            accepted_ms: ts,
-            sends: 0,
-            unanswered: 0,
-            critical: false,
-        }
+        super::super::ordered::test_event(ts, seq, false)
     }
 
     #[test]

@@ -1125,22 +1125,14 @@ mod tests {
         assert_eq!(q.store.as_ref().unwrap().len(), 9);
     }
 
-    /// The spill thread never falls asleep while tracked events wait in memory past
-    /// `memory_capacity`. Tracking asks it once per fold of the inbox; a request that arrived
-    /// after the fold but was counted as served by the spill in progress left every event
-    /// tracked from then on in the inbox until something else folded it (`stats()`, a batch),
-    /// and a crash lost them. Nothing here folds: only the spill thread moves events.
-    #[test]
-    fn the_spill_thread_keeps_up_with_tracking_without_being_polled() {
-        const CAPACITY: u64 = 100;
-        const ROUND: u64 = 2_000;
-        let dir = tempfile::tempdir().unwrap();
+    /// A queue with a store in `dir` and `durability = spill`, and its spill thread running.
+    fn spilling_queue(dir: &Path, capacity: u64) -> (Arc<Queue>, std::thread::JoinHandle<()>) {
         let q = Arc::new(
             Queue::open(
-                &dir.path().join("q.db"),
+                &dir.join("q.db"),
                 1 << 30,
                 0,
-                params(CAPACITY, Durability::Spill),
+                params(capacity, Durability::Spill),
                 Ledger::default(),
                 Default::default(),
             )
@@ -1151,6 +1143,20 @@ mod tests {
             let q = q.clone();
             std::thread::spawn(move || q.run_spiller(|| {}))
         };
+        (q, spiller)
+    }
+
+    /// The spill thread never falls asleep while tracked events wait in memory past
+    /// `memory_capacity`. Tracking asks it once per fold of the inbox; a request that arrived
+    /// after the fold but was counted as served by the spill in progress left every event
+    /// tracked from then on in the inbox until something else folded it (`stats()`, a batch),
+    /// and a crash lost them. Nothing here folds: only the spill thread moves events.
+    #[test]
+    fn the_spill_thread_keeps_up_with_tracking_without_being_polled() {
+        const CAPACITY: u64 = 100;
+        const ROUND: u64 = 2_000;
+        let dir = tempfile::tempdir().unwrap();
+        let (q, spiller) = spilling_queue(dir.path(), CAPACITY);
         let store = || q.store.as_ref().unwrap().len();
         let mut seq = 0;
         for round in 1..=10u64 {
@@ -1179,26 +1185,14 @@ mod tests {
     fn spent_json_stays_bounded_and_is_freed_once_the_spill_is_done() {
         const CAPACITY: u64 = 100;
         let dir = tempfile::tempdir().unwrap();
-        let q = Arc::new(
-            Queue::open(
-                &dir.path().join("q.db"),
-                1 << 30,
-                0,
-                params(CAPACITY, Durability::Spill),
-                Ledger::default(),
-                Default::default(),
-            )
-            .unwrap()
-            .queue,
-        );
-        let spiller = {
-            let q = q.clone();
-            std::thread::spawn(move || q.run_spiller(|| {}))
-        };
+        let (q, spiller) = spilling_queue(dir.path(), CAPACITY);
         let spent = || {
             let inbox = q.inbox.lock();
             let counted: usize = inbox.spent.iter().map(|j| j.len()).sum();
-            assert_eq!(inbox.spent_bytes, counted, "the byte count follows the strings");
+            assert_eq!(
+                inbox.spent_bytes, counted,
+                "the byte count follows the strings"
+            );
             (inbox.spent.len(), inbox.spent_bytes)
         };
         let mut most = (0, 0);

@@ -139,23 +139,25 @@ impl Ordered {
     }
 }
 
+/// An event for the memory queue's tests: timestamp, seq, lane; accepted at its timestamp.
+#[cfg(test)]
+pub(super) fn test_event(ts: i64, seq: u64, critical: bool) -> QueuedEvent {
+    QueuedEvent {
+        ts_ms: ts,
+        seq,
+        id: crate::event::EventId::new(),
+        json: "{}".into(),
+        accepted_ms: ts,
+        sends: 0,
+        unanswered: 0,
+        critical,
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::test_event as ev;
     use super::*;
-    use crate::event::EventId;
-
-    fn ev(ts: i64, seq: u64, critical: bool) -> QueuedEvent {
-        QueuedEvent {
-            ts_ms: ts,
-            seq,
-            id: EventId::new(),
-            json: "{}".into(),
-            accepted_ms: ts,
-            sends: 0,
-            unanswered: 0,
-            critical,
-        }
-    }
 
     fn keys(o: &Ordered) -> Vec<OrderKey> {
         o.iter().map(QueuedEvent::key).collect()

@@ -628,13 +628,13 @@ impl Store {
             // The two runs, each in delivery order, merged; a row's body is opened only once it
             // is taken.
             loop {
-                let from_a = match (a, b) {
+                let (row, from_a) = match (a, b) {
                     (None, None) => break,
-                    (Some(_), None) => true,
-                    (None, Some(_)) => false,
-                    (Some(x), Some(y)) => queued_key(x)? < queued_key(y)?,
+                    (Some(x), None) => (x, true),
+                    (None, Some(y)) => (y, false),
+                    (Some(x), Some(y)) if queued_key(x)? < queued_key(y)? => (x, true),
+                    (Some(_), Some(y)) => (y, false),
                 };
-                let row = if from_a { a } else { b }.expect("the run taken from has a row");
                 match self.queued_row(row, &leased)? {
                     None => {}
                     Some(Ok(event)) => out.push(event),

@@ -19,8 +19,13 @@ const STEP: Duration = Duration::from_secs(1);
 fn seed_story_outage_countdown_manual_retry_and_drain() {
     let rig = rig()
         .collector(|c| c.set_outage(true).unwrap())
-        // The seed UI's "attempt 2 of 5".
-        .config(|c| c.max_auto_attempts = 5)
+        // The seed UI's "attempt 2 of 5". All 30 events are tracked before the first send
+        // (the explicit flush below starts it, not `flush_at` at the 20th): a countdown status
+        // republished because `pending` grew would repeat its `retry_in_ms`.
+        .config(|c| {
+            c.max_auto_attempts = 5;
+            c.flush_at = 1_000;
+        })
         .open();
     let Rig {
         collector,

@@ -95,8 +95,7 @@ impl MemoryBuffer {
             overflow.spill_started = excess > 0 && self.spill.is_empty();
             self.spill.reserve(excess);
             for oldest in self.queued.evict(excess) {
-                note_order(&mut self.spill_unsorted, self.spill.back(), &oldest);
-                self.spill.push_back(oldest);
+                append_spill(&mut self.spill, &mut self.spill_unsorted, oldest);
             }
         } else {
             overflow.dropped = self.queued.evict(excess).count() as u64;
@@ -123,13 +122,8 @@ impl MemoryBuffer {
     /// Adds straight to the spill queue (durability `always`).
     pub fn push_spill(&mut self, event: QueuedEvent) -> bool {
         let started = self.spill.is_empty();
-        self.add_to_spill(event);
+        append_spill(&mut self.spill, &mut self.spill_unsorted, event);
         started
-    }
-
-    fn add_to_spill(&mut self, event: QueuedEvent) {
-        note_order(&mut self.spill_unsorted, self.spill.back(), &event);
-        self.spill.push_back(event);
     }
 
     fn sort_spill(&mut self) {
@@ -163,8 +157,9 @@ impl MemoryBuffer {
         self.spill_unsorted = true;
     }
 
-    /// `durability = always`: everything waiting for the store and not in flight (new events
-    /// and those a full disk refused before), for one commit.
+    /// Everything waiting for the store and not in flight (new events and those a full disk
+    /// refused before): what one `durability = always` commit writes, and what `persist()`
+    /// moves.
     pub fn take_unstored(&mut self) -> Vec<QueuedEvent> {
         let mut events: Vec<QueuedEvent> = std::mem::take(&mut self.spill).into();
         self.spill_unsorted = false;
@@ -187,9 +182,7 @@ impl MemoryBuffer {
     /// writes the copies as leased rows, so nothing (eviction, expiry, `purge_pending()`, the
     /// next batch) touches them until the batch is answered.
     pub fn take_for_persist(&mut self) -> (Vec<QueuedEvent>, Vec<QueuedEvent>) {
-        let mut moved: Vec<QueuedEvent> = std::mem::take(&mut self.spill).into();
-        self.spill_unsorted = false;
-        moved.extend(self.queued.take_all());
+        let moved = self.take_unstored();
         let mut copies = Vec::new();
         for (event, persisted) in self.in_flight.values_mut() {
             if !*persisted {
@@ -344,11 +337,13 @@ impl MemoryBuffer {
     }
 }
 
-/// Marks the spill queue unsorted when `next`, about to be pushed after `last`, sorts before it.
-fn note_order(unsorted: &mut bool, last: Option<&QueuedEvent>, next: &QueuedEvent) {
-    if last.is_some_and(|last| next.key() < last.key()) {
+/// Appends to the spill queue, marking it unsorted when `event` sorts before its last one.
+/// (On the fields, not on `MemoryBuffer`, so it can run while the memory queue is borrowed.)
+fn append_spill(spill: &mut VecDeque<QueuedEvent>, unsorted: &mut bool, event: QueuedEvent) {
+    if spill.back().is_some_and(|last| event.key() < last.key()) {
         *unsorted = true;
     }
+    spill.push_back(event);
 }
 
 #[cfg(test)]

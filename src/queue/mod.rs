@@ -315,7 +315,7 @@ impl Queue {
         };
         let event = {
             let mut inbox = self.inbox.lock();
-            let held = self.buffered.load(Ordering::SeqCst) + inbox.events.len();
+            let held = self.held(&inbox);
             if held < limit {
                 inbox.events.push(event);
                 // Freed by the caller once the lock is let go (see `hand_back`): two per call,
@@ -621,8 +621,13 @@ impl Queue {
 
     /// Events past `memory_capacity`, the inbox included, without folding it.
     fn overflow(&self) -> usize {
-        let inbox = self.inbox.lock().events.len();
-        (self.buffered.load(Ordering::SeqCst) + inbox).saturating_sub(self.capacity())
+        let held = self.held(&self.inbox.lock());
+        held.saturating_sub(self.capacity())
+    }
+
+    /// Events in memory, the inbox included, for the checks that do not fold it.
+    fn held(&self, inbox: &Inbox) -> usize {
+        self.buffered.load(Ordering::SeqCst) + inbox.events.len()
     }
 
     fn spill_done(&self) -> bool {

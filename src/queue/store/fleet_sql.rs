@@ -27,11 +27,7 @@ impl Store {
             "INSERT OR REPLACE INTO reports (id, body) VALUES (?1, ?2)",
             params![id as i64, body],
         )?;
-        tx.execute(
-            "INSERT INTO meta (name, value) VALUES ('next_report', ?1)
-             ON CONFLICT(name) DO UPDATE SET value = ?1",
-            [(id + 1).to_string()],
-        )?;
+        super::write_meta(&tx, "next_report", &(id + 1).to_string())?;
         tx.commit()?;
         Ok(())
     }

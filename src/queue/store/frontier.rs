@@ -17,6 +17,14 @@ use rusqlite::{Connection, OptionalExtension};
 
 use crate::event::{LANE_NORMAL, OrderKey};
 
+/// The in-order rows from a seq on (`?1`, [`Frontier::floor`]), in delivery order, at most
+/// `?2`: the table walked by seq.
+pub const IN_ORDER_ROWS: &str = "WHERE seq >= ?1 AND in_order = 1 ORDER BY seq LIMIT ?2";
+/// The indexed rows in delivery order, at most `?1`: the partial index walked.
+pub const INDEXED_ROWS: &str = "WHERE in_order = 0 ORDER BY lane, ts, seq LIMIT ?1";
+/// The indexed rows of lane `?1` in delivery order, at most `?2`.
+pub const INDEXED_ROWS_OF_LANE: &str = "WHERE in_order = 0 AND lane = ?1 ORDER BY ts, seq LIMIT ?2";
+
 /// The last in-order row's key, and a lower bound of the in-order rows' seqs.
 #[derive(Debug, Default)]
 pub struct Frontier {

@@ -30,7 +30,7 @@ use crate::event::{
 use crate::quarantine::{QuarantinedEvent, reason};
 use crate::shared::lock;
 
-use frontier::Frontier;
+use frontier::{Frontier, IN_ORDER_ROWS, INDEXED_ROWS, INDEXED_ROWS_OF_LANE};
 use quarantine_sql::ByteLimits;
 pub use quarantine_sql::QuarantineSql;
 use wal::WalWatch;
@@ -327,11 +327,7 @@ impl Store {
     pub fn release_ownership(&self) {
         let conn = self.conn();
         // For the next open (`queued_rows`); if this write fails, that open counts the table.
-        let _ = conn.execute(
-            "INSERT INTO meta (name, value) VALUES (?1, ?2)
-             ON CONFLICT(name) DO UPDATE SET value = ?2",
-            params![meta::QUEUE_ROWS_AT_CLOSE, self.len().to_string()],
-        );
+        let _ = write_meta(&conn, meta::QUEUE_ROWS_AT_CLOSE, &self.len().to_string());
         let _ = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()));
         drop(conn);
         lock(&self.lock).take();
@@ -613,12 +609,10 @@ impl Store {
             let conn = self.conn();
             let mut frontier = lock(&self.frontier);
             let mut in_order = conn.prepare_cached(&format!(
-                "SELECT {QUEUED_COLUMNS} FROM events
-                 WHERE seq >= ?1 AND in_order = 1 ORDER BY seq LIMIT ?2"
+                "SELECT {QUEUED_COLUMNS} FROM events {IN_ORDER_ROWS}"
             ))?;
             let mut indexed = conn.prepare_cached(&format!(
-                "SELECT {QUEUED_COLUMNS} FROM events
-                 WHERE in_order = 0 ORDER BY lane, ts, seq LIMIT ?1"
+                "SELECT {QUEUED_COLUMNS} FROM events {INDEXED_ROWS}"
             ))?;
             let want = (limit + leased.len()) as i64;
             let mut a_rows = in_order.query(params![frontier.floor() as i64, want])?;
@@ -857,22 +851,11 @@ impl Store {
     /// A small named value kept across restarts: what the app decided (see [`meta`]) and the
     /// fleet loop's install id, directives and report numbering (src/fleet).
     pub fn meta(&self, name: &str) -> Result<Option<String>> {
-        use rusqlite::OptionalExtension;
-        Ok(self
-            .conn()
-            .query_row("SELECT value FROM meta WHERE name = ?1", [name], |r| {
-                r.get(0)
-            })
-            .optional()?)
+        Ok(read_meta(&self.conn(), name)?)
     }
 
     pub fn set_meta(&self, name: &str, value: &str) -> Result<()> {
-        self.conn().execute(
-            "INSERT INTO meta (name, value) VALUES (?1, ?2)
-             ON CONFLICT(name) DO UPDATE SET value = ?2",
-            params![name, value],
-        )?;
-        Ok(())
+        Ok(write_meta(&self.conn(), name, value)?)
     }
 
     /// Consent denied: deletes every queued event not in flight and every dead letter, so that
@@ -1169,15 +1152,7 @@ fn db_pages(conn: &Connection) -> Result<u64> {
 /// out (one small write) before anything else can change the table: after a crash there is
 /// none, and the table is counted. Past the open the store keeps the count itself (`rows`).
 fn queued_rows(conn: &Connection) -> rusqlite::Result<u64> {
-    use rusqlite::OptionalExtension;
-    let saved: Option<String> = conn
-        .query_row(
-            "SELECT value FROM meta WHERE name = ?1",
-            [meta::QUEUE_ROWS_AT_CLOSE],
-            |r| r.get(0),
-        )
-        .optional()?;
-    if let Some(saved) = saved {
+    if let Some(saved) = read_meta(conn, meta::QUEUE_ROWS_AT_CLOSE)? {
         conn.execute(
             "DELETE FROM meta WHERE name = ?1",
             [meta::QUEUE_ROWS_AT_CLOSE],
@@ -1188,6 +1163,26 @@ fn queued_rows(conn: &Connection) -> rusqlite::Result<u64> {
     }
     let rows: i64 = conn.query_row("SELECT count(*) FROM events", [], |r| r.get(0))?;
     Ok(rows as u64)
+}
+
+/// The value named `name` in the `meta` table ([`meta`]), if any.
+fn read_meta(conn: &Connection, name: &str) -> rusqlite::Result<Option<String>> {
+    use rusqlite::OptionalExtension;
+    conn.query_row("SELECT value FROM meta WHERE name = ?1", [name], |r| {
+        r.get(0)
+    })
+    .optional()
+}
+
+/// Sets the value named `name` in the `meta` table (also inside a transaction: `conn` may be
+/// one).
+fn write_meta(conn: &Connection, name: &str, value: &str) -> rusqlite::Result<()> {
+    conn.execute(
+        "INSERT INTO meta (name, value) VALUES (?1, ?2)
+         ON CONFLICT(name) DO UPDATE SET value = ?2",
+        params![name, value],
+    )?;
+    Ok(())
 }
 
 /// Deletes every queued row but the leased ones (the batch in flight, whose answer decides
@@ -1217,13 +1212,11 @@ fn evict_oldest(
 ) -> Result<u64> {
     let limit = want as usize + leased.len();
     let oldest_normal = {
-        let mut in_order = tx.prepare_cached(
-            "SELECT ts, seq FROM events WHERE seq >= ?1 AND in_order = 1 ORDER BY seq LIMIT ?2",
-        )?;
-        let mut indexed = tx.prepare_cached(
-            "SELECT ts, seq FROM events WHERE in_order = 0 AND lane = ?1 ORDER BY ts, seq
-             LIMIT ?2",
-        )?;
+        let mut in_order =
+            tx.prepare_cached(&format!("SELECT ts, seq FROM events {IN_ORDER_ROWS}"))?;
+        let mut indexed = tx.prepare_cached(&format!(
+            "SELECT ts, seq FROM events {INDEXED_ROWS_OF_LANE}"
+        ))?;
         let pair = |r: &rusqlite::Row<'_>| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?));
         let a = in_order
             .query_map(params![in_order_floor as i64, limit as i64], pair)?
@@ -1239,9 +1232,8 @@ fn evict_oldest(
     };
     let mut seqs: Vec<i64> = oldest_normal.into_iter().map(|(_, seq)| seq).collect();
     if seqs.len() < limit {
-        let mut stmt = tx.prepare_cached(
-            "SELECT seq FROM events WHERE in_order = 0 AND lane = ?1 ORDER BY ts, seq LIMIT ?2",
-        )?;
+        let mut stmt =
+            tx.prepare_cached(&format!("SELECT seq FROM events {INDEXED_ROWS_OF_LANE}"))?;
         let left = (limit - seqs.len()) as i64;
         let rows = stmt.query_map(params![LANE_CRITICAL, left], |r| r.get(0))?;
         seqs.extend(rows.collect::<rusqlite::Result<Vec<i64>>>()?);
@@ -1765,15 +1757,20 @@ mod tests {
         let conn = store.conn();
         let plan = |sql: &str| -> String {
             let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
-            let rows = stmt.query_map([], |r| r.get::<_, String>(3)).unwrap();
-            rows.map(|r| r.unwrap()).collect::<Vec<_>>().join("; ")
+            // The statements' parameters stay unbound (NULL): only the plan is read.
+            let mut rows = stmt.raw_query();
+            let mut steps = Vec::new();
+            while let Some(r) = rows.next().unwrap() {
+                steps.push(r.get::<_, String>(3).unwrap());
+            }
+            steps.join("; ")
         };
         let indexed = plan(&format!(
-            "SELECT {QUEUED_COLUMNS} FROM events WHERE in_order = 0 ORDER BY lane, ts, seq LIMIT 10"
+            "SELECT {QUEUED_COLUMNS} FROM events {INDEXED_ROWS}"
         ));
         assert!(indexed.contains("events_out_of_order"), "{indexed}");
         let in_order = plan(&format!(
-            "SELECT {QUEUED_COLUMNS} FROM events WHERE seq >= 5 AND in_order = 1 ORDER BY seq LIMIT 10"
+            "SELECT {QUEUED_COLUMNS} FROM events {IN_ORDER_ROWS}"
         ));
         for plan in [&indexed, &in_order] {
             assert!(!plan.contains("TEMP B-TREE"), "{plan}");

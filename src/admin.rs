@@ -10,8 +10,8 @@
 //!
 //! A store an earlier release wrote (a lower schema version) is read as this release would read
 //! it once upgraded: from a copy in memory, upgraded by the same steps an open runs
-//! ([`read_view`]), so the file keeps its version until a spool opens it. A store of a later
-//! release (a higher version) is named, with the version it holds, and not read.
+//! (`admin/read_view.rs`), so the file keeps its version until a spool opens it. A store of a
+//! later release (a higher version) is named, with the version it holds, and not read.
 //!
 //! An encrypted store (config `encryption_keys`) needs its keys to show payloads: the
 //! quarantine's readers and [`StoreAdmin`] take them, and refuse a wrong or missing one by key

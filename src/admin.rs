@@ -8,6 +8,11 @@
 //! [`StoreAdmin`] changes things (redrive, purge), so it becomes the store's owner exactly as a
 //! spool would, and is refused while a spool holds the store.
 //!
+//! A store an earlier release wrote (a lower schema version) is read as this release would read
+//! it once upgraded: from a copy in memory, upgraded by the same steps an open runs
+//! (`admin/read_view.rs`), so the file keeps its version until a spool opens it. A store of a
+//! later release (a higher version) is named, with the version it holds, and not read.
+//!
 //! An encrypted store (config `encryption_keys`) needs its keys to show payloads: the
 //! quarantine's readers and [`StoreAdmin`] take them, and refuse a wrong or missing one by key
 //! id exactly as `open()` does. [`inspect`] reads only what is stored in the clear (counts,
@@ -23,6 +28,11 @@ use crate::crypto::{EncryptionKeys, Keyring};
 use crate::error::{Error, Result};
 use crate::quarantine::{ListFilter, QuarantinedEvent, Selector};
 use crate::queue::{QuarantineSql, Queue, QueueParams, check_keys, schema};
+
+mod read_view;
+
+/// The store format (`PRAGMA user_version`) this release writes, and the newest it reads.
+pub const SCHEMA_VERSION: i64 = schema::SCHEMA_VERSION;
 
 /// How long [`inspect`] waits for a writer to finish a transaction before giving up. A spool's
 /// transactions are bounded in size, so this is generous.
@@ -47,10 +57,16 @@ pub struct StoreStatus {
     pub consent: Option<crate::Consent>,
     /// Of `pending`, the events in the critical lane (README §Critical lane).
     pub pending_critical: u64,
+    /// The schema version the file holds. Below [`SCHEMA_VERSION`] (a store an earlier release
+    /// wrote that no spool of this one opened yet) the figures are read from a copy upgraded in
+    /// memory, the file is left as it is, and the next open by a spool upgrades it in place.
+    pub schema_version: i64,
 }
 
 /// Opens an existing store read-only and checks it is one of ours; every error names the file.
-fn open_read_only(path: &Path) -> Result<Connection> {
+/// Returns the connection the readers read (the file, or for an earlier schema an upgraded
+/// copy: [`read_view`]) and the schema version the file holds.
+fn open_read_only(path: &Path) -> Result<(Connection, i64)> {
     if !path.exists() {
         return Err(Error::NotFound(format!("no store at {}", path.display())));
     }
@@ -63,9 +79,15 @@ fn open_read_only(path: &Path) -> Result<Connection> {
     conn.busy_timeout(INSPECT_BUSY_TIMEOUT).map_err(named)?;
     // The same recognition the store's opener uses: a foreign, newer or empty file is not read.
     match schema::inspect(&conn).map_err(named)? {
-        Ok(version) if version > 0 => Ok(conn),
+        Ok(SCHEMA_VERSION) => Ok((conn, SCHEMA_VERSION)),
+        Ok(version) if version > 0 => read_view::upgraded_copy(path, &conn),
         Ok(_) => Err(Error::Storage(format!(
             "{} is not an eventspool store",
+            path.display()
+        ))),
+        Err(schema::Unusable::NewerVersion(version)) => Err(Error::Storage(format!(
+            "{} was written by a newer eventspool release (schema version {version}; this \
+             release reads versions 1 to {SCHEMA_VERSION}): read it with that release or a later one",
             path.display()
         ))),
         Err(unusable) => Err(Error::Storage(format!("{}: {unusable}", path.display()))),
@@ -73,8 +95,8 @@ fn open_read_only(path: &Path) -> Result<Connection> {
 }
 
 /// Runs `f` in one read transaction of a store opened read-only, naming the file on error.
-fn read<T>(path: &Path, f: impl FnOnce(&rusqlite::Transaction<'_>) -> Result<T>) -> Result<T> {
-    let mut conn = open_read_only(path)?;
+fn read<T>(path: &Path, f: impl FnOnce(&rusqlite::Transaction<'_>, i64) -> Result<T>) -> Result<T> {
+    let (mut conn, version) = open_read_only(path)?;
     let named = |e: Error| match e {
         Error::Storage(m) if !m.contains(&path.display().to_string()) => {
             Error::Storage(format!("cannot read {}: {m}", path.display()))
@@ -82,7 +104,7 @@ fn read<T>(path: &Path, f: impl FnOnce(&rusqlite::Transaction<'_>) -> Result<T>)
         other => other,
     };
     let tx = conn.transaction().map_err(Error::from).map_err(named)?;
-    let out = f(&tx).map_err(named)?;
+    let out = f(&tx, version).map_err(named)?;
     tx.commit().map_err(Error::from).map_err(named)?;
     Ok(out)
 }
@@ -95,7 +117,7 @@ fn read_quarantine<T>(
     f: impl FnOnce(&QuarantineSql<'_>) -> Result<T>,
 ) -> Result<T> {
     let keyring = Keyring::new(keys);
-    read(path, |tx| {
+    read(path, |tx, _| {
         check_keys(tx, &keyring, path, false)?;
         f(&QuarantineSql::new(tx, &keyring))
     })
@@ -123,10 +145,10 @@ pub fn quarantine_get(
 /// Reads a store's status without becoming its owner; safe while a spool is using it.
 pub fn inspect(path: &Path) -> Result<StoreStatus> {
     // One read transaction, so the figures agree with each other.
-    read(path, |tx| status_of(tx, path))
+    read(path, |tx, version| status_of(tx, path, version))
 }
 
-fn status_of(tx: &rusqlite::Transaction<'_>, path: &Path) -> Result<StoreStatus> {
+fn status_of(tx: &rusqlite::Transaction<'_>, path: &Path, version: i64) -> Result<StoreStatus> {
     let (pending, oldest_ms, newest_ms): (i64, Option<i64>, Option<i64>) =
         tx.query_row("SELECT count(*), min(ts), max(ts) FROM events", [], |r| {
             Ok((r.get(0)?, r.get(1)?, r.get(2)?))
@@ -140,31 +162,16 @@ fn status_of(tx: &rusqlite::Transaction<'_>, path: &Path) -> Result<StoreStatus>
     .into_iter()
     .map(|(k, v)| (k.trim_start_matches("dropped.").to_string(), v))
     .collect();
-    // A store of an older schema (read-only: never upgraded here) has neither.
-    let has = |table: &str, column: &str| -> Result<bool> {
-        let n: i64 = tx.query_row(
-            "SELECT count(*) FROM pragma_table_info(?1) WHERE name = ?2",
-            [table, column],
-            |r| r.get(0),
-        )?;
-        Ok(n > 0)
-    };
-    let consent = if has("meta", "value")? {
-        pairs_text(tx, "SELECT name, value FROM meta WHERE name = 'consent'")?
-            .values()
-            .next()
-            .and_then(|v| crate::Consent::from_name(v))
-    } else {
-        None
-    };
-    let pending_critical: i64 = if has("events", "lane")? {
+    let consent = pairs_text(tx, "SELECT name, value FROM meta WHERE name = 'consent'")?
+        .values()
+        .next()
+        .and_then(|v| crate::Consent::from_name(v));
+    let pending_critical: i64 =
         tx.query_row("SELECT count(*) FROM events WHERE lane = 0", [], |r| {
             r.get(0)
-        })?
-    } else {
-        0
-    };
+        })?;
     Ok(StoreStatus {
+        schema_version: version,
         consent,
         pending_critical: pending_critical as u64,
         pending: pending as u64,

@@ -19,3 +19,4 @@ mod policy;
 mod quarantine;
 mod reentrant;
 mod rig;
+mod upgrade;

@@ -103,6 +103,17 @@ const ENCRYPTION_STEP: &str = "ALTER TABLE events ADD COLUMN key_id INTEGER NOT 
         check_record BLOB NOT NULL         -- a known text sealed with the key (crypto.rs)
     );";
 
+/// Main shipped two schemas under version 3. The fleet merge (c4aaebf, shipped to 94994ab)
+/// wrote a `fleet` table of small values and no lane; the consent merge (d46c3eb) rewrote the
+/// 2 → 3 step into today's: the `lane` column, its index, and the same values in `meta` beside
+/// consent. A store of the first form gets what the second added before the steps after 3 run.
+/// It is known by its tables, not its number: a release of versions 4 and 5 ran their steps on
+/// such a store before 5 → 6 failed on the missing lane index, leaving it at 5.
+const FLEET_FORM_TO_3: &str = "ALTER TABLE events ADD COLUMN lane INTEGER NOT NULL DEFAULT 1;
+    DROP INDEX events_by_delivery_order;
+    CREATE INDEX events_by_lane_order ON events(lane, ts, seq);
+    ALTER TABLE fleet RENAME TO meta;";
+
 /// Why an existing file cannot be used as a store.
 #[derive(Debug)]
 pub enum Unusable {
@@ -167,6 +178,11 @@ pub fn inspect(conn: &Connection) -> Result<Result<i64, Unusable>, rusqlite::Err
 /// Brings the schema from `version` (what [`inspect`] found) to [`SCHEMA_VERSION`]; `wall_ms` is
 /// the time of the upgrade.
 pub fn migrate(conn: &mut Connection, version: i64, wall_ms: i64) -> rusqlite::Result<()> {
+    if (3..=5).contains(&version) && has_table(conn, "fleet")? {
+        let tx = conn.transaction()?;
+        tx.execute_batch(FLEET_FORM_TO_3)?;
+        tx.commit()?;
+    }
     for (from, step) in MIGRATIONS.iter().enumerate().skip(version as usize) {
         let tx = conn.transaction()?;
         tx.execute_batch(&step.replace(UPGRADE_MS, &wall_ms.to_string()))?;
@@ -174,6 +190,15 @@ pub fn migrate(conn: &mut Connection, version: i64, wall_ms: i64) -> rusqlite::R
         tx.commit()?;
     }
     Ok(())
+}
+
+fn has_table(conn: &Connection, name: &str) -> rusqlite::Result<bool> {
+    conn.query_row(
+        "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?1",
+        [name],
+        |r| r.get::<_, i64>(0),
+    )
+    .map(|n| n > 0)
 }
 
 #[cfg(test)]
@@ -311,6 +336,57 @@ mod tests {
         // A second open finds nothing to do.
         assert_eq!(inspect(&conn).unwrap().unwrap(), SCHEMA_VERSION);
         migrate(&mut conn, SCHEMA_VERSION, 0).unwrap();
+    }
+
+    /// The fleet form of version 3, as the 94994ab command wrote it (tests/fixtures/stores), and
+    /// the same file left at version 5 by a release whose 5 → 6 step failed on it: both end
+    /// at this version with the lane column and the fleet values in `meta`.
+    #[test]
+    fn a_store_of_the_fleet_form_of_version_3_is_upgraded_with_its_values() {
+        let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/stores/v3-fleet-94994ab/store.db");
+        for left_at in [3, 5] {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("fleet.db");
+            std::fs::copy(&fixture, &path).unwrap();
+            let mut conn = Connection::open(&path).unwrap();
+            let install_id: String = conn
+                .query_row(
+                    "SELECT value FROM fleet WHERE name = 'install_id'",
+                    [],
+                    |r| r.get(0),
+                )
+                .unwrap();
+            for step in 3..left_at {
+                conn.execute_batch(MIGRATIONS[step as usize]).unwrap();
+            }
+            conn.pragma_update(None, "user_version", left_at).unwrap();
+            let version = inspect(&conn).unwrap().unwrap();
+            assert_eq!(version, left_at);
+            migrate(&mut conn, version, 1_764_417_600_000).unwrap();
+            assert_eq!(inspect(&conn).unwrap().unwrap(), SCHEMA_VERSION);
+            let kept: String = conn
+                .query_row(
+                    "SELECT value FROM meta WHERE name = 'install_id'",
+                    [],
+                    |r| r.get(0),
+                )
+                .unwrap();
+            assert_eq!(kept, install_id, "left at {left_at}");
+            let lanes: Vec<i64> = conn
+                .prepare("SELECT DISTINCT lane FROM events")
+                .unwrap()
+                .query_map([], |r| r.get(0))
+                .unwrap()
+                .map(|r| r.unwrap())
+                .collect();
+            assert_eq!(
+                lanes,
+                [1],
+                "left at {left_at}: every old row is in the normal lane"
+            );
+            assert!(!has_table(&conn, "fleet").unwrap());
+        }
     }
 
     /// The same file through the store's opener: the queued event comes out for sending with

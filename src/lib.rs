@@ -54,6 +54,8 @@ pub use crypto::Redact;
 pub use crypto::{EncryptionKeys, KEY_BYTES};
 pub use error::{ConfigError, Error, Result};
 pub use event::{EventId, NewEvent, Priority, format_timestamp};
+/// What the SDK would ignore of a 2xx answer's `directives` (docs/protocol.md §Directives).
+pub use fleet::directive::problems as directive_problems;
 pub use observers::ObserverHandle;
 /// The `reason` a quarantined event carries (`Selector::Reason` takes one).
 pub use quarantine::reason as quarantine_reason;
@@ -66,4 +68,7 @@ pub use state::{
     Notice, PauseReason,
 };
 pub use stats::{DropReason, Stats};
+#[cfg(feature = "reqwest")]
+pub use transport::ReqwestTransport;
 pub use transport::{HttpRequest, HttpResponse, Transport, TransportError, response_bound};
+pub use wire::{batch_body, batch_request};

@@ -1,12 +1,21 @@
-//! The request body of eventspool batch v1 (docs/protocol.md §Request), built by joining events'
-//! stored wire JSON, so a resend is byte-identical in its events.
+//! The request of eventspool batch v1 (docs/protocol.md §Request): the body, built by joining
+//! events' stored wire JSON so a resend is byte-identical in its events, and the headers.
+//!
+//! Public (re-exported at the root) because tools that speak to a collector in the SDK's name,
+//! the CLI's `conformance` checks, must send exactly what the delivery worker sends.
 
 use std::io::Write;
+use std::time::Duration;
 
 use flate2::Compression as Level;
 use flate2::write::GzEncoder;
 
+use crate::config::{Compression, Config};
 use crate::event::format_timestamp;
+use crate::transport::{HttpRequest, response_bound};
+
+/// `User-Agent` of every request.
+pub const USER_AGENT: &str = concat!("eventspool/", env!("CARGO_PKG_VERSION"));
 
 /// Bodies up to this size are sent as they are: gzip would save little and cost a copy.
 pub const GZIP_THRESHOLD_BYTES: usize = 1024;
@@ -37,6 +46,39 @@ pub fn batch_body<'a>(
     body
 }
 
+/// The request that carries `body` (from [`batch_body`], holding `events` events) to
+/// `config.endpoint`, as the delivery worker sends it: gzip past [`GZIP_THRESHOLD_BYTES`] when
+/// `config.compression` says so, the headers of docs/protocol.md §Request (`attempt` is
+/// `X-Eventspool-Attempt`), `attempt_timeout_ms`, and the read bound of the batch.
+pub fn batch_request(
+    config: &Config,
+    api_key: Option<&str>,
+    mut body: Vec<u8>,
+    events: usize,
+    attempt: u32,
+) -> HttpRequest {
+    let mut headers = vec![
+        ("Content-Type".to_string(), "application/json".to_string()),
+        ("User-Agent".to_string(), USER_AGENT.to_string()),
+        ("X-Eventspool-Attempt".to_string(), attempt.to_string()),
+    ];
+    if config.compression == Compression::Gzip && body.len() > GZIP_THRESHOLD_BYTES {
+        body = gzip(&body);
+        headers.push(("Content-Encoding".to_string(), "gzip".to_string()));
+    }
+    if let Some(key) = api_key {
+        headers.push(("Authorization".to_string(), format!("Bearer {key}")));
+    }
+    HttpRequest {
+        method: "POST".into(),
+        url: config.endpoint.clone(),
+        headers,
+        body,
+        timeout: Duration::from_millis(config.attempt_timeout_ms),
+        max_response_bytes: response_bound(events),
+    }
+}
+
 /// Gzip at the fastest level: on a phone the radio time saved matters more than the last bytes.
 pub fn gzip(body: &[u8]) -> Vec<u8> {
     let mut encoder = GzEncoder::new(Vec::with_capacity(body.len() / 3 + 64), Level::fast());
@@ -65,5 +107,30 @@ mod tests {
         let v: serde_json::Value = serde_json::from_slice(&with).unwrap();
         assert_eq!(v["batch"], serde_json::json!([]));
         assert_eq!(v["reports"][0]["report_id"], 1);
+    }
+
+    #[test]
+    fn a_request_is_gzipped_past_the_threshold_and_carries_the_key() {
+        let header = |r: &HttpRequest, name: &str| {
+            r.headers
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.clone())
+        };
+        let mut config = Config::new("http://127.0.0.1:1/v1/batch");
+        let small = batch_request(&config, None, vec![b'x'; GZIP_THRESHOLD_BYTES], 1, 1);
+        assert_eq!(header(&small, "Content-Encoding"), None);
+        assert_eq!(header(&small, "Authorization"), None);
+        assert_eq!(header(&small, "X-Eventspool-Attempt").as_deref(), Some("1"));
+        assert_eq!(small.max_response_bytes, response_bound(1));
+        let large = batch_request(&config, Some("k"), vec![b'x'; 4096], 3, 2);
+        assert_eq!(header(&large, "Content-Encoding").as_deref(), Some("gzip"));
+        assert_eq!(header(&large, "Authorization").as_deref(), Some("Bearer k"));
+        assert_eq!(header(&large, "X-Eventspool-Attempt").as_deref(), Some("2"));
+        assert!(large.body.len() < 4096);
+        config.compression = Compression::None;
+        let plain = batch_request(&config, None, vec![b'x'; 4096], 3, 1);
+        assert_eq!(header(&plain, "Content-Encoding"), None);
+        assert_eq!(plain.body.len(), 4096);
     }
 }

@@ -10,7 +10,6 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime};
 
 use crate::classify::{Outcome, classify};
-use crate::config::Compression;
 use crate::event::{QueuedEvent, SendNote};
 use crate::fleet::Steer;
 use crate::machine::{Action, Events, Input, Jitter, Machine, Policy, send_note};
@@ -18,10 +17,8 @@ use crate::quarantine::{QuarantinedEvent, Selector};
 use crate::shared::{Shared, lock};
 use crate::state::Notice;
 use crate::stats::{DropReason, Exit};
-use crate::transport::{HttpRequest, HttpResponse, TransportError};
+use crate::transport::{HttpResponse, TransportError};
 use crate::wire;
-
-const USER_AGENT: &str = concat!("eventspool/", env!("CARGO_PKG_VERSION"));
 
 struct Worker {
     s: Arc<Shared>,
@@ -231,33 +228,16 @@ impl Worker {
         s.fleet.cut(&s.queue, &s.full_stats());
         let (report_ids, reports) = s.fleet.for_request(self.report_room);
         let events = self.machine.in_flight();
-        let mut body = wire::batch_body(
+        let body = wire::batch_body(
             events.iter().map(|(e, _)| &*e.json),
             wall_ms,
             reports.as_deref(),
         );
         let body_bytes = body.len() as u64;
-        let mut headers = vec![
-            ("Content-Type".to_string(), "application/json".to_string()),
-            ("User-Agent".to_string(), USER_AGENT.to_string()),
-            ("X-Eventspool-Attempt".to_string(), attempt.to_string()),
-        ];
-        if s.config.compression == Compression::Gzip && body.len() > wire::GZIP_THRESHOLD_BYTES {
-            body = wire::gzip(&body);
-            headers.push(("Content-Encoding".to_string(), "gzip".to_string()));
-        }
-        if let Some(key) = lock(&s.api_key).as_ref() {
-            headers.push(("Authorization".to_string(), format!("Bearer {key}")));
-        }
-        let timeout = Duration::from_millis(s.config.attempt_timeout_ms);
-        let request = HttpRequest {
-            method: "POST".into(),
-            url: s.config.endpoint.clone(),
-            headers,
-            body,
-            timeout,
-            max_response_bytes: crate::transport::response_bound(events.len()),
-        };
+        let api_key = lock(&s.api_key).clone();
+        let request =
+            wire::batch_request(&s.config, api_key.as_deref(), body, events.len(), attempt);
+        let timeout = request.timeout;
         s.counters.requests.fetch_add(1, Ordering::Relaxed);
         let mut shutdown = s.shutdown.subscribe();
         let send = tokio::time::timeout(

@@ -137,6 +137,13 @@ pub fn parse(body: &Value, now_ms: i64) -> Parsed {
     out
 }
 
+/// What a device would ignore of the `directives` in the 2xx answer `body` at wall time
+/// `now_ms`, each with why (malformed, unknown, past a bound, expired); empty when they are
+/// well formed or absent. For tools that check a collector's answers against the SDK's bounds.
+pub fn problems(body: &Value, now_ms: i64) -> Vec<String> {
+    parse(body, now_ms).ignored
+}
+
 fn strings(value: &Value, max: usize) -> Result<Vec<String>, String> {
     let Value::Array(items) = value else {
         return Err("not an array of strings".into());

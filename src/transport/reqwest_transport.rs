@@ -8,6 +8,8 @@ use futures_util::future::BoxFuture;
 
 use super::{HttpRequest, HttpResponse, Transport, TransportError};
 
+/// Public (re-exported at the root) so that a tool speaking to a collector in the SDK's name
+/// reads each answer as the SDK does: the same read bound, no redirects, no retries of its own.
 pub struct ReqwestTransport {
     client: reqwest::Client,
 }

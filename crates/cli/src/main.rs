@@ -3,6 +3,7 @@
 //! 2 bad input, 3 stopped with events still pending (they stay in the store).
 
 mod collector_cmd;
+mod conformance;
 mod demo;
 mod dlq;
 mod send;
@@ -86,6 +87,10 @@ enum Command {
     /// Run the reference collector (batch v1 on HTTP), optionally misbehaving on purpose.
     #[command(after_help = collector_cmd::HELP)]
     Collector(collector_cmd::CollectorArgs),
+    /// Check a running collector against the protocol (docs/protocol.md): dedup, statuses,
+    /// rejected lists, gzip, 413, auth, directives, and load on request.
+    #[command(after_help = conformance::HELP)]
+    Conformance(conformance::ConformanceArgs),
     /// Watch the whole story in the terminal: offline, spill, outage, countdown, retry, drain.
     #[command(after_help = demo::HELP)]
     Demo(demo::DemoArgs),
@@ -160,6 +165,7 @@ fn main() -> ExitCode {
         Command::Status(args) => status::run(args),
         Command::Dlq(cmd) => dlq::run(cmd),
         Command::Collector(args) => collector_cmd::run(args),
+        Command::Conformance(args) => conformance::run(args),
         Command::Demo(args) => demo::run(args),
     };
     match result {

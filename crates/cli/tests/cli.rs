@@ -560,6 +560,7 @@ fn every_subcommand_help_says_what_and_shows_an_example() {
         vec!["dlq", "redrive"],
         vec!["dlq", "purge"],
         vec!["collector"],
+        vec!["conformance"],
         vec!["demo"],
     ] {
         let mut args = cmd.clone();

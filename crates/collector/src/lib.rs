@@ -46,6 +46,8 @@ pub use limits::{
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_service;
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;

@@ -8,7 +8,7 @@
 //!  [--max-in-flight-events N] [--max-batch-events N] [--max-body-bytes N]
 //!  [--max-connections N] [--request-timeout-ms N] [--ack-timeout-ms N] [--retry-after N]
 //!  [--drain-announce-ms N] [--drain-timeout-ms N] [--until-stdin-closes]
-//!  [--drop-rate F] [--seed N]`
+//!  [--lone-reports] [--drop-rate F] [--seed N]`
 //!
 //! Prints the batch URL on the first stdout line (the real port when PORT is 0), then serves
 //! until SIGTERM or SIGINT: readiness fails at once, the socket closes after
@@ -22,6 +22,7 @@
 //! unreachable, the in-flight bounds are full, or draining), `/stats`, `/metrics`
 //! (Prometheus); with `--keys` (lines `PROJECT KEY`) batches and `/stats`/`/metrics` need
 //! `Authorization: Bearer KEY`, and the key's project scopes the dedup (`project:event_id`).
+//! `--lone-reports` asks devices to send a waiting client report alone (docs/protocol.md).
 //! One log line per acknowledged batch goes to stderr. `--drop-rate` makes that fraction of
 //! batches "accepted then dropped" (for tests): published and acknowledged, then the
 //! connection is closed without an answer.
@@ -39,7 +40,7 @@ const KNOWN: &str = "--listen, --nats, --keys, --stream, --subject, --reports-st
     --duplicate-window-secs, --stream-config, --max-in-flight-events, --max-batch-events, \
     --max-body-bytes, --max-connections, --request-timeout-ms, --ack-timeout-ms, \
     --retry-after, --drain-announce-ms, --drain-timeout-ms, --until-stdin-closes, \
-    --drop-rate, --seed";
+    --lone-reports, --drop-rate, --seed";
 
 fn main() {
     match run() {
@@ -76,6 +77,10 @@ fn parse() -> Result<Options, String> {
     while let Some(arg) = args.next() {
         if arg == "--until-stdin-closes" {
             until_stdin_closes = true;
+            continue;
+        }
+        if arg == "--lone-reports" {
+            behavior.lone_reports = true;
             continue;
         }
         let value = args.next().ok_or_else(|| format!("{arg} needs a value"))?;

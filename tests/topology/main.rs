@@ -11,6 +11,7 @@ mod collectors;
 mod nats;
 mod process;
 mod scenario;
+mod service;
 mod sink;
 mod stream;
 mod warehouse;

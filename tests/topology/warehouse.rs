@@ -12,7 +12,7 @@ use eventspool_collector::{CollectorConfig, JetStreamConfig, ReferenceCollector}
 
 use crate::nats::NatsServer;
 use crate::process::example_binary;
-use crate::sink::{batch, ids, post};
+use crate::sink::{batch, ids, post, single};
 
 const STREAM: &str = "WAREHOUSE";
 /// Short, so the test can outlast it; real streams keep minutes to hours.
@@ -22,11 +22,9 @@ const WINDOW: Duration = Duration::from_secs(1);
 fn warehouse_replacing_merge_tree_removes_copies_later_than_the_duplicate_window() {
     let nats = NatsServer::start();
     let js = JetStreamConfig {
-        url: nats.url(),
-        stream: STREAM.into(),
         subject: "warehouse.events".into(),
         duplicate_window: WINDOW,
-        ..JetStreamConfig::default()
+        ..single(&nats, STREAM)
     };
     let c = ReferenceCollector::start_jetstream(CollectorConfig::default(), &js).unwrap();
     let ids = ids(50);

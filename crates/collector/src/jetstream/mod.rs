@@ -38,7 +38,7 @@ use settings::{Outcome, Wanted};
 const LOG_TARGET: &str = "eventspool::collector::jetstream";
 /// Bounds the connect and the stream lookup at start; a broker that cannot be reached by then
 /// fails the start with a clear error instead of a collector that answers 503 for ever.
-const START_TIMEOUT: Duration = Duration::from_secs(10);
+const START_TIMEOUT: Duration = Duration::from_secs(20);
 /// Longest pause between reconnect attempts: a restarted broker is found again within this.
 const MAX_RECONNECT_DELAY: Duration = Duration::from_millis(500);
 
@@ -322,7 +322,23 @@ async fn open(config: &JetStreamConfig) -> Result<Opened, String> {
             max_msg_size: config.max_msg_size,
             duplicate_window: config.duplicate_window,
         };
-        let outcome = settings::ensure(&context, &wanted, config.stream_policy).await?;
+        // A cluster that just started elects its JetStream leader first; its requests time
+        // out until then. The start's own bound (START_TIMEOUT) ends the retries.
+        let outcome = loop {
+            match settings::ensure(&context, &wanted, config.stream_policy).await {
+                Ok(outcome) => break outcome,
+                // "no suitable peers": the cluster's servers are not all known to it yet.
+                Err(e)
+                    if e.contains("timed out")
+                        || e.contains("no responders")
+                        || e.contains("no suitable peers") =>
+                {
+                    tracing::info!(target: LOG_TARGET, error = %e, "JetStream not ready; retrying");
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        };
         streams.push((name.clone(), outcome));
     }
     Ok(Opened {

@@ -120,11 +120,25 @@ impl CollectorProcess {
 
     /// Status and body of `GET path`, `None` if the process does not answer.
     pub fn get(&self, path: &str) -> Option<(u16, String)> {
+        self.get_with(path, "")
+    }
+
+    /// `GET /stats` with `Authorization: Bearer KEY`.
+    pub fn stats_with_key(&self, key: &str) -> Option<serde_json::Value> {
+        let (_, body) = self.get_with("/stats", &format!("Authorization: Bearer {key}\r\n"))?;
+        serde_json::from_str(&body).ok()
+    }
+
+    pub fn child(&self) -> &Child {
+        &self.child
+    }
+
+    fn get_with(&self, path: &str, headers: &str) -> Option<(u16, String)> {
         let mut s = TcpStream::connect_timeout(&self.addr, Duration::from_secs(2)).ok()?;
         s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
         write!(
             s,
-            "GET {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+            "GET {path} HTTP/1.1\r\nHost: {}\r\n{headers}Connection: close\r\n\r\n",
             self.addr
         )
         .ok()?;

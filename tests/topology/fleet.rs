@@ -7,7 +7,7 @@
 //! (the SDK's full jitter spreads the comeback), and every event reaches the warehouse
 //! exactly once.
 //!
-//! `EVENTSPOOL_FLEET_SPOOLS` (default 240) and `EVENTSPOOL_FLEET_OUTAGE_SECS` (default 60)
+//! `EVENTSPOOL_FLEET_SPOOLS` (default 200) and `EVENTSPOOL_FLEET_OUTAGE_SECS` (default 60)
 //! size it; the real clock runs, since the outage is a real cluster being down.
 
 use std::collections::HashMap;
@@ -27,7 +27,7 @@ use crate::process::example_binary;
 const STREAM: &str = "FLEET";
 const COLLECTORS: usize = 3;
 /// Steady traffic before the outage: the first seconds (spools opening) are not counted.
-const STEADY: Duration = Duration::from_secs(14);
+const STEADY: Duration = Duration::from_secs(12);
 const WARM_UP: f64 = 4.0;
 /// Tracking goes on this long after the cluster is back.
 const AFTER: Duration = Duration::from_secs(5);
@@ -78,7 +78,7 @@ impl eventspool::DeliveryObserver for Timeouts {
 
 #[test]
 fn fleet_of_real_spools_rides_out_a_broker_outage_without_a_herd() {
-    let spools_n = env_or("EVENTSPOOL_FLEET_SPOOLS", 240) as usize;
+    let spools_n = env_or("EVENTSPOOL_FLEET_SPOOLS", 200) as usize;
     let outage = Duration::from_secs(env_or("EVENTSPOOL_FLEET_OUTAGE_SECS", 60));
     let dir = tempfile::tempdir().unwrap();
     let mut cluster = Cluster::start(3);

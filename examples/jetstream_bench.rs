@@ -223,10 +223,12 @@ fn burst(broker: &nats::Broker, batches: usize) {
         replicas: 1,
         ..JetStreamConfig::default()
     };
-    let config = CollectorConfig {
+    let mut config = CollectorConfig {
         max_request_records: 0,
         ..CollectorConfig::default()
     };
+    // As `jetstream_collector` runs.
+    config.limits.workers = 2;
     let collector =
         ReferenceCollector::start_jetstream(config.clone(), &js("BURST")).expect("collector");
     let addr = collector.addr();
@@ -287,9 +289,14 @@ fn main() {
         replicas: 1,
         ..JetStreamConfig::default()
     };
-    let config = || CollectorConfig {
-        max_request_records: 0,
-        ..CollectorConfig::default()
+    let config = || {
+        let mut c = CollectorConfig {
+            max_request_records: 0,
+            ..CollectorConfig::default()
+        };
+        // As `jetstream_collector` runs.
+        c.limits.workers = 2;
+        c
     };
     let collector = ReferenceCollector::start_jetstream(config(), &js).expect("collector");
     let (rate, p50, p99) = drive(collector.addr(), clients, secs);

@@ -6,7 +6,7 @@
 //!  [--replicas N] [--max-bytes N] [--max-age-secs N] [--max-msg-size N]
 //!  [--duplicate-window-secs N] [--stream-config apply|report]
 //!  [--max-in-flight-events N] [--max-batch-events N] [--max-body-bytes N]
-//!  [--max-connections N] [--request-timeout-ms N] [--ack-timeout-ms N] [--retry-after N]
+//!  [--max-connections N] [--workers N (default 2)] [--request-timeout-ms N] [--ack-timeout-ms N] [--retry-after N]
 //!  [--drain-announce-ms N] [--drain-timeout-ms N] [--until-stdin-closes]
 //!  [--lone-reports] [--drop-rate F] [--seed N]`
 //!
@@ -38,7 +38,7 @@ use eventspool_collector::{
 const KNOWN: &str = "--listen, --nats, --keys, --stream, --subject, --reports-stream, \
     --reports-subject, --replicas, --max-bytes, --max-age-secs, --max-msg-size, \
     --duplicate-window-secs, --stream-config, --max-in-flight-events, --max-batch-events, \
-    --max-body-bytes, --max-connections, --request-timeout-ms, --ack-timeout-ms, \
+    --max-body-bytes, --max-connections, --workers, --request-timeout-ms, --ack-timeout-ms, \
     --retry-after, --drain-announce-ms, --drain-timeout-ms, --until-stdin-closes, \
     --lone-reports, --drop-rate, --seed";
 
@@ -68,6 +68,7 @@ fn parse() -> Result<Options, String> {
         batch_path: Some("/v1/batch".into()),
         ..CollectorConfig::default()
     };
+    config.limits.workers = 2;
     let mut js = JetStreamConfig::default();
     let mut behavior = Behavior::default();
     let mut announce = Duration::from_secs(5);
@@ -130,6 +131,7 @@ fn parse() -> Result<Options, String> {
                     .max(config.limits.max_body_bytes);
             }
             "--max-connections" => config.limits.max_connections = number(&value)? as usize,
+            "--workers" => config.limits.workers = number(&value)? as usize,
             "--request-timeout-ms" => config.limits.request_timeout = ms(&value)?,
             "--ack-timeout-ms" => js.ack_timeout = ms(&value)?,
             "--retry-after" => {

@@ -38,8 +38,11 @@ pub struct Limits {
     /// `Retry-After` (seconds) on the collector's own 503s (connections, requests or bytes
     /// over their bound, a draining process).
     pub retry_after_secs: u32,
-    /// Worker threads of the server's runtime; bodies of 64 KiB or more are decoded and parsed
-    /// on the blocking pool, so a large batch never stalls the small ones.
+    /// Worker threads of the server's runtime. 1 (the default) is a current-thread runtime:
+    /// what tests want, answers come in the order their requests arrived, and a test's
+    /// `ManualClock` steps race no second thread. The JetStream service runs 2
+    /// (`jetstream_collector --workers`). Either way, bodies of 64 KiB or more are decoded and
+    /// parsed on the blocking pool, so a large batch never stalls the small ones.
     pub workers: usize,
 }
 
@@ -64,7 +67,7 @@ impl Default for Limits {
             header_read_timeout: Duration::from_secs(10),
             request_timeout: Duration::from_secs(8),
             retry_after_secs: 1,
-            workers: 2,
+            workers: 1,
         }
     }
 }

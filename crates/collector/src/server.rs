@@ -118,14 +118,22 @@ fn run(
     commands: mpsc::UnboundedReceiver<Command>,
     ready: std_mpsc::SyncSender<io::Result<SocketAddr>>,
 ) {
-    // Several workers: gzip and JSON of one large batch must not hold up the others, and an
-    // overloaded collector must still be able to answer 503 quickly.
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(shared.limits().workers)
-        .thread_name("eventspool-collector-worker")
-        .enable_all()
-        .build()
-    {
+    // Several workers for a service: one busy connection must not hold up the others, and an
+    // overloaded collector must still be able to answer 503 quickly (large bodies are decoded
+    // on the blocking pool in both cases).
+    let workers = shared.limits().workers;
+    let built = if workers > 1 {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(workers)
+            .thread_name("eventspool-collector-worker")
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    };
+    let runtime = match built {
         Ok(rt) => rt,
         Err(e) => {
             let _ = ready.try_send(Err(e));

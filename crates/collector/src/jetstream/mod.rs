@@ -94,8 +94,8 @@ impl Default for JetStreamConfig {
             stream_policy: StreamPolicy::Apply,
             reports_stream: "EVENTSPOOL_REPORTS".into(),
             reports_subject: "eventspool.reports".into(),
-            max_in_flight_events: 16_384,
-            admission_wait: Duration::from_secs(1),
+            max_in_flight_events: 4_096,
+            admission_wait: Duration::from_millis(500),
             ack_timeout: Duration::from_secs(5),
             retry_after_secs: 2,
         }

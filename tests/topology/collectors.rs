@@ -25,13 +25,9 @@ pub struct CollectorProcess {
 }
 
 impl CollectorProcess {
-    /// Starts one stateless collector on a free port; `drop_rate` of its batches are
-    /// published, acknowledged and then left unanswered (accept-then-drop).
-    pub fn start(nats_url: &str, stream: &str, drop_rate: f64, seed: u64, log: &Path) -> Self {
-        Self::start_with(nats_url, stream, drop_rate, seed, log, &["--replicas", "1"])
-    }
-
-    /// `start` with more flags (`--replicas 3`, `--listen`, `--keys`, ...; later ones win).
+    /// Starts one stateless collector on a free port with these flags beside the suite's
+    /// own (`--replicas 3`, `--listen`, `--keys`, ...; later ones win); `drop_rate` of its
+    /// batches are published, acknowledged and then left unanswered (accept-then-drop).
     pub fn start_with(
         nats_url: &str,
         stream: &str,

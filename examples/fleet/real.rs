@@ -205,6 +205,8 @@ pub fn run(p: RealParams) {
         url: broker.url(),
         stream: "FLEET".into(),
         subject: "fleet.events".into(),
+        // One server holds one replica.
+        replicas: 1,
         ..JetStreamConfig::default()
     };
     let collectors: Vec<ReferenceCollector> = (0..COLLECTORS)
@@ -260,9 +262,12 @@ pub fn run(p: RealParams) {
         .map(|f| f.load(Ordering::Relaxed))
         .collect();
     let drain_ms = finished.iter().flatten().max().copied().unwrap_or(0);
-    // Events of the herd's 2xx answers (duplicates included), against what it had to send.
-    let stored = received() - before_herd;
+    // Events of the herd's 2xx answers (duplicates included), against what it had to send,
+    // and what the stream holds, read back from it.
+    let acked = received() - before_herd;
     let backlog = (p.clients * p.batches_per_client * EVENTS_PER_BATCH) as u64;
+    let (in_stream, distinct) = runtime.block_on(read_stream(&broker.url(), "FLEET"));
+    let stored = in_stream;
     eprintln!(
         "fleet --real: {} clients x {} batches of {EVENTS_PER_BATCH} events, reconnecting within \
          {} ms, into {COLLECTORS} JetStream collectors and one nats-server on this machine",
@@ -272,7 +277,9 @@ pub fn run(p: RealParams) {
         "  measured capacity {capacity:.0} req/s; herd peak {peak} req/s over {WINDOW_MS} ms \
          windows = {:.1} x capacity; {} requests ({} connection failures, {} timeouts, {} non-2xx \
          answers, each retried with full jitter), {drained} \
-         of {} clients drained in {:.1} s, {} gave up; {stored} of {backlog} events acknowledged by JetStream",
+         of {} clients drained in {:.1} s, {} gave up; {acked} events of 2xx answers; the \
+         stream holds {stored} messages, {distinct} distinct ids (the capacity run's included), \
+         of the herd's {backlog}",
         peak as f64 / capacity,
         starts.len(),
         failed[0],
@@ -290,9 +297,36 @@ pub fn run(p: RealParams) {
             "capacity_req_per_s": capacity, "peak_req_per_s": peak, "peak_window_ms": WINDOW_MS,
             "peak_over_capacity": peak as f64 / capacity, "requests": starts.len(),
             "connection_failures": failed[0], "timeouts": failed[1], "non_2xx": failed[2], "drained_clients": drained,
-            "drain_s": drain_ms as f64 / 1000.0, "events_acked": stored, "events_sent": backlog,
+            "drain_s": drain_ms as f64 / 1000.0, "events_acked": acked, "events_sent": backlog,
+            "stream_messages": stored, "stream_distinct_ids": distinct,
         })
     );
     drop(collectors);
     drop(broker);
+}
+
+/// The stream's message count and distinct `event_id`s, read from the stream itself.
+async fn read_stream(url: &str, stream: &str) -> (u64, u64) {
+    use async_nats::jetstream::{self, consumer::pull::OrderedConfig};
+    use futures_util::StreamExt;
+    let client = async_nats::connect(url).await.expect("connect");
+    let context = jetstream::new(client);
+    let mut handle = context.get_stream(stream).await.expect("stream");
+    let messages = handle.info().await.expect("info").state.messages;
+    let consumer = handle
+        .create_consumer(OrderedConfig::default())
+        .await
+        .expect("consumer");
+    let mut reading = consumer.messages().await.expect("messages");
+    let mut ids = std::collections::HashSet::new();
+    for _ in 0..messages {
+        let message = tokio::time::timeout(Duration::from_secs(20), reading.next())
+            .await
+            .expect("stream read stalled")
+            .expect("stream ended")
+            .expect("message");
+        let event: serde_json::Value = serde_json::from_slice(&message.payload).expect("JSON");
+        ids.insert(event["event_id"].as_str().unwrap_or("").to_owned());
+    }
+    (messages, ids.len() as u64)
 }

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::process::{example_binary, free_port, wait_exit};
+use crate::process::{example_binary, free_port, signal, wait_exit};
 
 #[path = "../../crates/cli/tests/proxy/nginx.rs"]
 #[allow(dead_code)]
@@ -25,9 +25,17 @@ pub struct CollectorProcess {
 }
 
 impl CollectorProcess {
-    /// Starts one stateless collector on a free port; `drop_rate` of its batches are
-    /// published, acknowledged and then left unanswered (accept-then-drop).
-    pub fn start(nats_url: &str, stream: &str, drop_rate: f64, seed: u64, log: &Path) -> Self {
+    /// Starts one stateless collector on a free port with these flags beside the suite's
+    /// own (`--replicas 3`, `--listen`, `--keys`, ...; later ones win); `drop_rate` of its
+    /// batches are published, acknowledged and then left unanswered (accept-then-drop).
+    pub fn start_with(
+        nats_url: &str,
+        stream: &str,
+        drop_rate: f64,
+        seed: u64,
+        log: &Path,
+        extra: &[&str],
+    ) -> Self {
         let log_file = std::fs::File::create(log).expect("collector log file");
         let mut child = Command::new(example_binary("jetstream_collector"))
             .args([
@@ -37,14 +45,25 @@ impl CollectorProcess {
                 nats_url,
                 "--stream",
                 stream,
+                "--reports-stream",
+                &format!("{stream}_REPORTS"),
+                "--subject",
+                &format!("{}.events", stream.to_lowercase()),
+                "--reports-subject",
+                &format!("{}.reports", stream.to_lowercase()),
+                "--max-bytes",
+                "268435456",
             ])
             .args(["--retry-after", "1", "--ack-timeout-ms", "2000"])
+            .args(["--drain-announce-ms", "500", "--drain-timeout-ms", "10000"])
+            .arg("--until-stdin-closes")
             .args([
                 "--drop-rate",
                 &drop_rate.to_string(),
                 "--seed",
                 &seed.to_string(),
             ])
+            .args(extra)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(log_file))
@@ -64,7 +83,9 @@ impl CollectorProcess {
             .trim()
             .strip_prefix("http://")
             .and_then(|rest| rest.split('/').next())
-            .and_then(|a| a.parse().ok());
+            .and_then(|a| a.parse::<SocketAddr>().ok())
+            // Listening on every address: reach it on loopback.
+            .map(|a| SocketAddr::from(([127, 0, 0, 1], a.port())));
         let Some(addr) = addr else {
             let _ = child.kill();
             let _ = child.wait();
@@ -89,17 +110,58 @@ impl CollectorProcess {
 
     /// `GET /stats` of the process, `None` if it does not answer.
     pub fn stats(&self) -> Option<serde_json::Value> {
+        let (_, body) = self.get("/stats")?;
+        serde_json::from_str(&body).ok()
+    }
+
+    /// Status and body of `GET path`, `None` if the process does not answer.
+    pub fn get(&self, path: &str) -> Option<(u16, String)> {
+        self.get_with(path, "")
+    }
+
+    /// `GET /stats` with `Authorization: Bearer KEY`.
+    pub fn stats_with_key(&self, key: &str) -> Option<serde_json::Value> {
+        let (_, body) = self.get_with("/stats", &format!("Authorization: Bearer {key}\r\n"))?;
+        serde_json::from_str(&body).ok()
+    }
+
+    pub fn child(&self) -> &Child {
+        &self.child
+    }
+
+    fn get_with(&self, path: &str, headers: &str) -> Option<(u16, String)> {
         let mut s = TcpStream::connect_timeout(&self.addr, Duration::from_secs(2)).ok()?;
         s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
         write!(
             s,
-            "GET /stats HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+            "GET {path} HTTP/1.1\r\nHost: {}\r\n{headers}Connection: close\r\n\r\n",
             self.addr
         )
         .ok()?;
         let mut text = String::new();
         s.read_to_string(&mut text).ok()?;
-        serde_json::from_str(text.split_once("\r\n\r\n")?.1).ok()
+        let (head, body) = text.split_once("\r\n\r\n")?;
+        let status = head.split_whitespace().nth(1)?.parse().ok()?;
+        Some((status, body.to_owned()))
+    }
+
+    /// SIGTERM: the collector drains (readiness fails, the socket closes after 500 ms,
+    /// requests in flight finish); returns its exit code once it is gone, bounded.
+    pub fn terminate(&mut self, timeout: Duration) -> Option<i32> {
+        signal(&self.child, "TERM");
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return status.code();
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self.kill();
+        None
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     /// Sum of `field=N` over the process's "acknowledged" log lines (one per batch JetStream
@@ -123,9 +185,14 @@ impl Drop for CollectorProcess {
     }
 }
 
-/// nginx in front of the collectors: round robin, an upstream that refuses connections is
-/// skipped (after 3 failures it is benched for 2 s), a request already sent is never re-sent by nginx (POST):
-/// the client does that, through whichever collector nginx picks next.
+/// nginx in front of the collectors as README "Collecting at scale" configures it: round
+/// robin; a connect error (a killed or drained collector refuses) is retried on the next
+/// collector; a request already sent is never re-sent by nginx (POST), the client does that;
+/// and no collector is ever benched for failed requests (`max_fails=0`): an answer dropped
+/// after the batch was stored is the request's failure, not the collector's, and benching on
+/// it emptied the pool ("no live upstreams"). Which collectors take traffic is the health
+/// check's business (`/readyz`), which open-source nginx cannot do actively; a collector that
+/// stops being ready because it drains closes its socket, which nginx skips.
 pub struct LoadBalancer {
     child: Child,
     dir: tempfile::TempDir,
@@ -178,17 +245,41 @@ impl LoadBalancer {
         std::fs::read_to_string(self.dir.path().join("error.log")).unwrap_or_default()
     }
 
-    /// Requests answered, by status and by upstream (`$upstream_addr`, which lists every
-    /// collector tried for one request).
+    /// Requests answered, by status.
     pub fn answered(&self) -> std::collections::BTreeMap<String, u64> {
-        let text = std::fs::read_to_string(self.dir.path().join("access.log")).unwrap_or_default();
         let mut by = std::collections::BTreeMap::new();
-        for line in text.lines() {
-            let status = line.split_whitespace().next().unwrap_or("?");
-            *by.entry(status.to_owned()).or_insert(0) += 1;
+        for line in self.log_lines() {
+            *by.entry(line.status.to_string()).or_insert(0) += 1;
         }
         by
     }
+
+    /// Every access log line, in order.
+    pub fn log_lines(&self) -> Vec<AccessLine> {
+        let text = std::fs::read_to_string(self.dir.path().join("access.log")).unwrap_or_default();
+        text.lines()
+            .filter_map(|line| {
+                let mut w = line.split_whitespace();
+                Some(AccessLine {
+                    status: w.next()?.parse().ok()?,
+                    at: w.next()?.parse().ok()?,
+                    seconds: w.next()?.parse().ok()?,
+                    retry_after: w.next().is_some_and(|v| v != "-"),
+                })
+            })
+            .collect()
+    }
+}
+
+/// One request as nginx logged it.
+pub struct AccessLine {
+    pub status: u16,
+    /// When the answer went (seconds since the epoch, ms precision).
+    pub at: f64,
+    /// How long the request took at nginx.
+    pub seconds: f64,
+    /// Whether the answer carried Retry-After.
+    pub retry_after: bool,
 }
 
 impl Drop for LoadBalancer {
@@ -202,7 +293,7 @@ fn config(dir: &Path, listen: SocketAddr, upstreams: &[SocketAddr]) -> String {
     let d = dir.display();
     let servers: String = upstreams
         .iter()
-        .map(|u| format!("        server {u} max_fails=3 fail_timeout=2s;\n"))
+        .map(|u| format!("        server {u} max_fails=0;\n"))
         .collect();
     format!(
         r#"daemon off;
@@ -212,7 +303,7 @@ pid {d}/nginx.pid;
 error_log {d}/error.log warn;
 events {{ worker_connections 1024; }}
 http {{
-    log_format statuses '$status $upstream_addr';
+    log_format statuses '$status $msec $request_time $sent_http_retry_after $upstream_addr';
     access_log {d}/access.log statuses;
     client_body_temp_path {d}/client_body;
     proxy_temp_path {d}/proxy;
@@ -228,6 +319,7 @@ http {{
             proxy_pass http://collectors;
             proxy_http_version 1.1;
             proxy_set_header Connection "";
+            # Connect errors and connect timeouts only: nginx never re-sends a POST it sent.
             proxy_next_upstream error timeout;
             proxy_connect_timeout 1s;
             proxy_read_timeout 30s;

@@ -8,9 +8,12 @@
 //! `cargo test --all-features --test topology -- --nocapture` prints one outcome line each.
 
 mod collectors;
+mod fleet;
 mod nats;
 mod process;
 mod scenario;
+mod service;
+mod shutdown;
 mod sink;
 mod stream;
 mod warehouse;

@@ -66,19 +66,36 @@ pub fn batch(ids: &[&str]) -> Value {
 }
 
 pub fn ids(n: usize) -> Vec<String> {
-    (0..n)
+    ids_from(0, n)
+}
+
+/// `n` canonical UUIDs starting at `first`.
+pub fn ids_from(first: usize, n: usize) -> Vec<String> {
+    (first..first + n)
         .map(|i| format!("01932f5e-7a1b-7c3d-8e4f-{:012x}", i + 1))
         .collect()
 }
 
+/// The settings of a test stream on one server: one replica (all a single server holds).
+pub fn single(nats: &NatsServer, stream: &str) -> JetStreamConfig {
+    JetStreamConfig {
+        url: nats.url(),
+        stream: stream.into(),
+        subject: format!("{}.events", stream.to_lowercase()),
+        reports_stream: format!("{stream}_REPORTS"),
+        reports_subject: format!("{}.reports", stream.to_lowercase()),
+        replicas: 1,
+        max_bytes: 64 << 20,
+        ..JetStreamConfig::default()
+    }
+}
+
 fn collector(nats: &NatsServer, ack_timeout: Duration) -> ReferenceCollector {
     let js = JetStreamConfig {
-        url: nats.url(),
-        stream: STREAM.into(),
         subject: "sinktest.events".into(),
         ack_timeout,
         retry_after_secs: 3,
-        ..JetStreamConfig::default()
+        ..single(nats, STREAM)
     };
     ReferenceCollector::start_jetstream(CollectorConfig::default(), &js)
         .expect("collector with a JetStream sink starts")

@@ -12,7 +12,7 @@ use eventspool_collector::{CollectorConfig, JetStreamConfig, ReferenceCollector}
 
 use crate::nats::NatsServer;
 use crate::process::example_binary;
-use crate::sink::{batch, ids, post};
+use crate::sink::{batch, ids, post, single};
 
 const STREAM: &str = "WAREHOUSE";
 /// Short, so the test can outlast it; real streams keep minutes to hours.
@@ -22,11 +22,9 @@ const WINDOW: Duration = Duration::from_secs(1);
 fn warehouse_replacing_merge_tree_removes_copies_later_than_the_duplicate_window() {
     let nats = NatsServer::start();
     let js = JetStreamConfig {
-        url: nats.url(),
-        stream: STREAM.into(),
         subject: "warehouse.events".into(),
         duplicate_window: WINDOW,
-        ..JetStreamConfig::default()
+        ..single(&nats, STREAM)
     };
     let c = ReferenceCollector::start_jetstream(CollectorConfig::default(), &js).unwrap();
     let ids = ids(50);
@@ -99,6 +97,101 @@ fn load(nats: &NatsServer, db: &Path, from_seq: u64) -> serde_json::Value {
     assert!(
         out.status.success(),
         "warehouse_chdb.py failed (chdb is needed: `pip install chdb`, bash .ci/run does): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("warehouse_chdb.py prints JSON")
+}
+
+/// The same through a real spool: its first request is stored but answered only after the
+/// spool's attempt timeout, which is past the duplicate window; the spool resends with the same
+/// ids, JetStream stores the copies again, and the warehouse's FINAL keeps one row per event.
+#[test]
+fn warehouse_a_real_spool_resending_past_the_window_lands_once() {
+    let nats = NatsServer::start();
+    let js = JetStreamConfig {
+        subject: "pastwindow.events".into(),
+        duplicate_window: WINDOW,
+        ..single(&nats, "PASTWINDOW")
+    };
+    let c = ReferenceCollector::start_jetstream(CollectorConfig::default(), &js).unwrap();
+    c.push_script([eventspool_collector::Scripted::StoreThenDelay(
+        Duration::from_secs(6),
+    )]);
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = eventspool::Config::new(c.url());
+    config.db_path = Some(dir.path().join("spool.db"));
+    // Three windows: the resend comes after JetStream forgot the first copy's ids.
+    config.attempt_timeout_ms = 3 * WINDOW.as_millis() as u64;
+    config.backoff_base_ms = 100;
+    config.backoff_cap_ms = 200;
+    config.flush_at = 20;
+    let spool = eventspool::EventSpool::open(config).unwrap();
+    let tracked: Vec<String> = (0..20)
+        .map(|i| {
+            spool
+                .track("screen_view", serde_json::json!({"i": i}))
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    spool.flush();
+    assert!(
+        spool.wait_drained(Duration::from_secs(30)),
+        "{}",
+        spool.state()
+    );
+    let contents = crate::stream::read_all(&nats.url(), "PASTWINDOW");
+    assert_eq!(
+        contents.messages, 40,
+        "the resend past the window is stored again"
+    );
+    let loader = Command::new(example_binary("stream_to_warehouse"))
+        .args(["--nats", &nats.url(), "--stream", "PASTWINDOW"])
+        .output()
+        .expect("run stream_to_warehouse");
+    assert!(loader.status.success());
+    let report = chdb(db_dir().path(), &loader.stdout);
+    println!(
+        "warehouse: a spool's batch stored, answered after its {} ms attempt timeout (window \
+         {WINDOW:?}), resent with the same ids: stream {} messages; ClickHouse rows {}, FINAL {}, \
+         distinct {}; tracked {}",
+        3 * WINDOW.as_millis(),
+        contents.messages,
+        report["rows"],
+        report["final"],
+        report["distinct"],
+        tracked.len()
+    );
+    // One insert of both copies: ClickHouse applies the merge to the block already
+    // (`optimize_on_insert`), so `rows` may be 20 too; FINAL is what queries rely on.
+    assert_eq!(
+        report["final"], 20,
+        "FINAL keeps one row per project and event_id"
+    );
+    assert_eq!(report["distinct"], 20);
+    let _ = spool.shutdown(Duration::from_secs(5));
+}
+
+fn db_dir() -> tempfile::TempDir {
+    tempfile::tempdir().unwrap()
+}
+
+/// Pipes loader rows into `warehouse_chdb.py`; returns its counts.
+fn chdb(db: &Path, rows: &[u8]) -> serde_json::Value {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/warehouse_chdb.py");
+    let mut python = Command::new("python3")
+        .arg(script)
+        .arg(db)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run python3");
+    python.stdin.take().unwrap().write_all(rows).unwrap();
+    let out = python.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "warehouse_chdb.py failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     serde_json::from_slice(&out.stdout).expect("warehouse_chdb.py prints JSON")

@@ -136,6 +136,13 @@ impl FleetBook {
 
 type Read = (String, u64, Counts, u64, u64);
 
+/// The `(install_id, report_id)` of a readable report, its identity downstream: a collector
+/// that publishes reports instead of totalling them (JetStream) dedups them by it, and the
+/// reader that totals them feeds each to a [`FleetBook`].
+pub fn report_key(report: &Value) -> Result<(String, u64), String> {
+    read(report).map(|(install, id, ..)| (install, id))
+}
+
 fn read(report: &Value) -> Result<Read, String> {
     let install_id = match report.get("install_id") {
         Some(Value::String(s)) if !s.is_empty() && s.len() <= MAX_INSTALL_ID_BYTES => s.clone(),

@@ -12,10 +12,12 @@ use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 use serde_json::json;
 
-use super::sink::{Accepted, Unavailable};
+use super::admin;
+use super::auth::{DEFAULT_PROJECT, bearer_matches};
+use super::sink::{Accepted, SinkBatch, SinkEvent, SinkReport, Unavailable};
 use super::state::Shared;
 use super::wire::{self, DecodeError, WireEvent};
-use super::{Behavior, MAX_DECODED_BODY_BYTES, MAX_RAW_BODY_BYTES, RequestRecord, Scripted};
+use super::{Behavior, RequestRecord, Scripted};
 
 const LOG_TARGET: &str = "eventspool::collector";
 const ATTEMPT_HEADER: &str = "x-eventspool-attempt";
@@ -39,6 +41,8 @@ enum Body {
     Unsupported(String),
     BadGzip(String),
     Invalid(String),
+    /// The body did not arrive before the request's deadline (408).
+    TimedOut(String),
 }
 
 /// A response under construction.
@@ -93,6 +97,10 @@ struct Pending {
     record: Option<RequestRecord>,
     /// The client reports the body carried, totalled once the batch is stored.
     reports: Vec<serde_json::Value>,
+    /// The dedup scope of the batch (its key's project).
+    project: String,
+    /// Until when the collector waits for the body and for its store or broker.
+    deadline: tokio::time::Instant,
 }
 
 impl Pending {
@@ -109,6 +117,7 @@ impl Pending {
                 outcome,
                 "batch"
             );
+            self.shared.metrics().answered(status);
             self.shared.record(record);
         }
     }
@@ -157,32 +166,42 @@ pub(super) async fn handle(
     shared: Arc<Shared>,
     req: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, DropConnection> {
-    // A process-level collector is inspected over HTTP by tests in other languages: the bindings
-    // suites read the distinct count here instead of linking Rust.
-    if req.method() == Method::GET && req.uri().path() == "/stats" {
-        let mut stats = serde_json::json!({
-            "distinct": shared.distinct_count(),
-            "received": shared.received_count(),
-            "requests": shared.request_count(),
-        });
-        if let Some(sink) = shared.sink() {
-            stats["sink"] = sink.stats();
-        }
-        return Ok(Reply::json(200, stats).into_response(None));
+    let mut response = route(&shared, req).await?;
+    // A draining collector answers what it was sent, then closes: the client's next request
+    // opens a connection the balancer gives to another collector.
+    if shared.draining() {
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
     }
-    // The fleet's client report totals (docs/protocol.md §Client reports).
-    if req.method() == Method::GET && req.uri().path() == "/fleet" {
-        let totals = shared.fleet_totals().to_json();
-        return Ok(Reply::json(200, totals).into_response(None));
+    Ok(response)
+}
+
+async fn route(
+    shared: &Arc<Shared>,
+    req: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, DropConnection> {
+    let path = req.uri().path().to_owned();
+    if let Some(response) = admin::answer(shared, req.method(), &path, req.headers()) {
+        return Ok(response);
+    }
+    if let Some(batch_path) = shared.batch_path()
+        && path != batch_path
+    {
+        let message = format!("no such path; batches go to {batch_path}");
+        return Ok(Reply::error(404, &message).into_response(None));
     }
     // Held until the answer is built (or the connection drops): the request is in flight.
     let _in_flight = shared.enter();
     let at = Instant::now();
     let index = shared.next_index();
+    let limits = shared.limits().clone();
     let mut pending = Pending {
-        shared: Arc::clone(&shared),
+        shared: Arc::clone(shared),
         record: Some(new_record(index, at, req.headers())),
         reports: Vec::new(),
+        project: DEFAULT_PROJECT.to_owned(),
+        deadline: tokio::time::Instant::now() + limits.request_timeout,
     };
     if req.method() != Method::POST {
         let mut reply = Reply::error(405, "only POST is accepted");
@@ -192,11 +211,59 @@ pub(super) async fn handle(
         pending.finish(Some(405), "method not allowed");
         return Ok(reply.into_response(None));
     }
+    // The service's own bounds come before anything is read or scripted: past them the client
+    // hears 503 (or 413) at once instead of waiting for its own timeout.
+    let declared = header_text(req.headers(), header::CONTENT_LENGTH)
+        .and_then(|l| l.trim().parse::<usize>().ok());
+    let retry_after = limits.retry_after_secs.to_string();
+    if shared.in_flight() > limits.max_requests_in_flight {
+        return Ok(shed(
+            &mut pending,
+            503,
+            "requests",
+            "too many requests in flight",
+            &retry_after,
+        ));
+    }
+    if let Some(length) = declared
+        && length > limits.max_body_bytes
+    {
+        if let Some(record) = pending.record.as_mut() {
+            record.body_bytes = length;
+        }
+        let message = format!("body of {length} bytes exceeds {}", limits.max_body_bytes);
+        return Ok(shed(
+            &mut pending,
+            413,
+            "batch_size",
+            &message,
+            &retry_after,
+        ));
+    }
+    if let Some(keys) = shared.api_keys() {
+        let auth = header_text(req.headers(), header::AUTHORIZATION);
+        match keys.project_of(auth.as_deref()) {
+            Some(project) => pending.project = project.to_owned(),
+            None => {
+                pending.finish(Some(401), "unauthorized");
+                return Ok(Reply::error(401, "missing or wrong API key").into_response(None));
+            }
+        }
+    }
+    let Some(_bytes) = shared.take_bytes(declared.unwrap_or(limits.max_body_bytes)) else {
+        return Ok(shed(
+            &mut pending,
+            503,
+            "bytes",
+            "request bytes in flight at their bound",
+            &retry_after,
+        ));
+    };
     // Claimed before the body is read so that concurrent requests consume the script in
     // arrival order, not in the order their bodies complete.
     let scripted = shared.pop_script();
     let (parts, body) = req.into_parts();
-    let body = read_body(&mut pending, &parts.headers, body).await;
+    let body = read_body(shared, &mut pending, &parts.headers, body).await;
 
     match scripted {
         Some(Scripted::Status {
@@ -215,11 +282,11 @@ pub(super) async fn handle(
             Ok(reply.into_response(retry_after.as_deref()))
         }
         None if shared.roll_failure(shared.behavior().drop_rate) => {
-            store_then_drop(&shared, &mut pending, &body).await;
+            store_then_drop(shared, &mut pending, &body).await;
             Err(DropConnection)
         }
         Some(Scripted::StoreThenDrop) => {
-            store_then_drop(&shared, &mut pending, &body).await;
+            store_then_drop(shared, &mut pending, &body).await;
             Err(DropConnection)
         }
         Some(Scripted::Hang) => {
@@ -244,10 +311,12 @@ pub(super) async fn handle(
         }
         Some(Scripted::Delay(d)) => {
             tokio::time::sleep(d).await;
-            Ok(by_behavior(&shared, &mut pending, &parts.headers, body).await)
+            // The wait is the script's, not the client's: the deadline starts after it.
+            pending.deadline = tokio::time::Instant::now() + limits.request_timeout;
+            Ok(by_behavior(shared, &mut pending, &parts.headers, body).await)
         }
         Some(Scripted::StoreThenDelay(d)) => {
-            let response = by_behavior(&shared, &mut pending, &parts.headers, body).await;
+            let response = by_behavior(shared, &mut pending, &parts.headers, body).await;
             tokio::time::sleep(d).await;
             Ok(response)
         }
@@ -255,8 +324,26 @@ pub(super) async fn handle(
             pending.finish(None, "dropped");
             Err(DropConnection)
         }
-        None => Ok(by_behavior(&shared, &mut pending, &parts.headers, body).await),
+        None => Ok(by_behavior(shared, &mut pending, &parts.headers, body).await),
     }
+}
+
+/// A request refused by one of the service's bounds, counted under it.
+fn shed(
+    pending: &mut Pending,
+    status: u16,
+    bound: &str,
+    message: &str,
+    retry_after: &str,
+) -> Response<Full<Bytes>> {
+    pending.shared.metrics().shed(bound);
+    let outcome = if status == 413 {
+        "too large"
+    } else {
+        "overloaded"
+    };
+    pending.finish(Some(status), outcome);
+    Reply::error(status, message).into_response(Some(retry_after))
 }
 
 /// Whether the batch holds an event with this name (see [`Behavior::drop_name`]).
@@ -267,43 +354,125 @@ fn carries_name(body: &Body, name: Option<&str>) -> bool {
     }
 }
 
-/// Reads, decodes and validates the body, filling the record's size and summary fields.
-async fn read_body(pending: &mut Pending, headers: &HeaderMap, body: Incoming) -> Body {
-    let raw = match Limited::new(body, MAX_RAW_BODY_BYTES).collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(e) if e.is::<LengthLimitError>() => {
+/// Bodies from this size on are decoded and parsed on the blocking pool.
+const BLOCKING_DECODE_BYTES: usize = 64 << 10;
+
+/// Reads, decodes and validates the body, filling the record's size and summary fields. The
+/// body must arrive before the request's deadline.
+async fn read_body(
+    shared: &Shared,
+    pending: &mut Pending,
+    headers: &HeaderMap,
+    body: Incoming,
+) -> Body {
+    let limits = shared.limits();
+    let max_raw = limits.max_body_bytes;
+    let collected =
+        tokio::time::timeout_at(pending.deadline, Limited::new(body, max_raw).collect()).await;
+    let raw = match collected {
+        Ok(Ok(collected)) => collected.to_bytes(),
+        Ok(Err(e)) if e.is::<LengthLimitError>() => {
             // The body was not read to the end; the declared length is the best size known.
             if let Some(record) = pending.record.as_mut() {
                 record.body_bytes = header_text(headers, header::CONTENT_LENGTH)
                     .and_then(|l| l.trim().parse().ok())
-                    .unwrap_or(MAX_RAW_BODY_BYTES);
+                    .unwrap_or(max_raw);
             }
-            return Body::TooLarge(format!("body exceeds {MAX_RAW_BODY_BYTES} bytes"));
+            shared.metrics().shed("batch_size");
+            return Body::TooLarge(format!("body exceeds {max_raw} bytes"));
         }
-        Err(e) => return Body::Invalid(format!("body could not be read: {e}")),
+        Ok(Err(e)) => return Body::Invalid(format!("body could not be read: {e}")),
+        Err(_) => {
+            shared.metrics().shed("body_timeout");
+            return Body::TimedOut(format!(
+                "body not received within {:?}",
+                limits.request_timeout
+            ));
+        }
     };
     let encoding = header_text(headers, header::CONTENT_ENCODING);
-    let decoded = wire::decode(&raw, encoding.as_deref(), MAX_DECODED_BODY_BYTES);
     let Some(record) = pending.record.as_mut() else {
         return Body::Invalid("request already answered".into());
     };
     record.body_bytes = raw.len();
-    let decoded = match decoded {
-        Ok(d) => d,
-        Err(DecodeError::TooLarge(m)) => return Body::TooLarge(m),
-        Err(DecodeError::BadGzip(m)) => return Body::BadGzip(m),
-        Err(DecodeError::Unsupported(m)) => return Body::Unsupported(m),
+    let (max_decoded, max_events) = (limits.max_decoded_bytes, limits.max_batch_events);
+    let keep_raw = shared.sink().is_some();
+    let work =
+        move || decode_and_parse(&raw, encoding.as_deref(), max_decoded, max_events, keep_raw);
+    let decoded = if record.body_bytes >= BLOCKING_DECODE_BYTES {
+        match tokio::task::spawn_blocking(work).await {
+            Ok(d) => d,
+            Err(e) => Decoded {
+                decoded_bytes: 0,
+                summary: None,
+                body: Body::Invalid(format!("body could not be decoded: {e}")),
+            },
+        }
+    } else {
+        work()
     };
-    record.decoded_bytes = decoded.len();
+    record.decoded_bytes = decoded.decoded_bytes;
+    if let Some(summary) = decoded.summary {
+        record.sent_at = summary.sent_at;
+        record.event_ids = summary.event_ids;
+        record.timestamps = summary.timestamps;
+        record.names = summary.names;
+        pending.reports = summary.reports;
+    }
+    if matches!(decoded.body, Body::TooLarge(_)) {
+        shared.metrics().shed("batch_size");
+    }
+    decoded.body
+}
+
+/// What decoding and parsing a body gave.
+struct Decoded {
+    decoded_bytes: usize,
+    summary: Option<wire::Summary>,
+    body: Body,
+}
+
+fn decode_and_parse(
+    raw: &[u8],
+    encoding: Option<&str>,
+    max_decoded: usize,
+    max_events: usize,
+    keep_raw: bool,
+) -> Decoded {
+    let fail = |body| Decoded {
+        decoded_bytes: 0,
+        summary: None,
+        body,
+    };
+    let decoded = match wire::decode(raw, encoding, max_decoded) {
+        Ok(d) => d,
+        Err(DecodeError::TooLarge(m)) => return fail(Body::TooLarge(m)),
+        Err(DecodeError::BadGzip(m)) => return fail(Body::BadGzip(m)),
+        Err(DecodeError::Unsupported(m)) => return fail(Body::Unsupported(m)),
+    };
     let (summary, parsed) = wire::parse(&decoded);
-    record.sent_at = summary.sent_at;
-    record.event_ids = summary.event_ids;
-    record.timestamps = summary.timestamps;
-    record.names = summary.names;
-    pending.reports = summary.reports;
-    match parsed {
+    let body = match parsed {
+        Ok(events) if events.len() > max_events => Body::TooLarge(format!(
+            "batch of {} events exceeds {max_events}; send smaller batches",
+            events.len()
+        )),
+        Ok(mut events) if keep_raw => match wire::raw_events(&decoded) {
+            Ok(raws) if raws.len() == events.len() => {
+                for (event, raw) in events.iter_mut().zip(raws) {
+                    event.raw = raw;
+                }
+                Body::Batch(events)
+            }
+            Ok(_) => Body::Invalid("batch cannot be read twice alike".into()),
+            Err(m) => Body::Invalid(m),
+        },
         Ok(events) => Body::Batch(events),
         Err(m) => Body::Invalid(m),
+    };
+    Decoded {
+        decoded_bytes: decoded.len(),
+        summary: Some(summary),
+        body,
     }
 }
 
@@ -335,12 +504,6 @@ fn scripted_reply(status: u16, body: String, headers: Vec<(String, String)>) -> 
         ));
     }
     reply
-}
-
-fn bearer_matches(authorization: Option<&str>, key: &str) -> bool {
-    authorization
-        .and_then(|a| a.trim().split_once(' '))
-        .is_some_and(|(scheme, token)| scheme.eq_ignore_ascii_case("bearer") && token.trim() == key)
 }
 
 /// The unscripted path, in the precedence order documented on [`Behavior`].
@@ -403,6 +566,13 @@ async fn verdict(
         Body::Unsupported(m) => return fail(415, "unsupported encoding", &m),
         Body::BadGzip(m) => return fail(400, "bad gzip", &m),
         Body::Invalid(m) => return fail(400, "bad json", &m),
+        Body::TimedOut(m) => {
+            let mut reply = Reply::error(408, &m);
+            reply
+                .headers
+                .push((header::CONNECTION, HeaderValue::from_static("close")));
+            return (408, "body timeout".into(), reply);
+        }
     };
     if let Some(poison) = &b.reject_name
         && events.iter().any(|e| &e.name == poison)
@@ -422,14 +592,15 @@ async fn verdict(
         .iter()
         .map(|e| (e.event_id.clone(), reason.to_owned()))
         .collect();
-    let (new, dup) = match store(shared, &kept, pending.index()).await {
+    let (new, dup, reports_seen) = match store(shared, pending, &kept).await {
         Ok(Accepted {
             new,
             duplicates,
             rejected: by_sink,
+            reports_seen,
         }) => {
             rejected.extend(by_sink);
-            (new, duplicates)
+            (new, duplicates, reports_seen)
         }
         Err(Stored::Unavailable(u)) => {
             let mut reply = Reply::error(503, &u.message);
@@ -443,11 +614,12 @@ async fn verdict(
             return fail(500, "storage error", "storage failed");
         }
     };
+    shared.metrics().events(new, dup, rejected.len() as u64);
     // The batch is stored: its reports count (once each), and the answer says which it read
     // and carries the directives in force.
     let mut body = json!({ "accepted": new, "duplicates": dup });
     if !pending.reports.is_empty() {
-        body["reports_seen"] = json!(shared.add_reports(&pending.reports));
+        body["reports_seen"] = json!(reports_seen);
         if b.lone_reports {
             body["reports_alone"] = json!(true);
         }
@@ -471,10 +643,8 @@ async fn verdict(
 async fn store_then_drop(shared: &Shared, pending: &mut Pending, body: &Body) {
     if let Body::Batch(events) = body {
         let all: Vec<&WireEvent> = events.iter().collect();
-        match store(shared, &all, pending.index()).await {
-            Ok(_) => {
-                shared.add_reports(&pending.reports);
-            }
+        match store(shared, pending, &all).await {
+            Ok(_) => {}
             Err(Stored::Unavailable(u)) => {
                 tracing::warn!(target: LOG_TARGET, error = %u.message, "publishing a dropped batch failed")
             }
@@ -494,21 +664,75 @@ enum Stored {
     Failed(rusqlite::Error),
 }
 
-/// The one place a batch is stored: in the sink when there is one, else the local table.
-async fn store(shared: &Shared, events: &[&WireEvent], request: usize) -> Result<Accepted, Stored> {
-    match shared.sink() {
+/// The one place a batch is stored: in the sink when there is one (events and reports, before
+/// the request's deadline), else the local table (and the reports in the fleet book).
+async fn store(
+    shared: &Shared,
+    pending: &Pending,
+    events: &[&WireEvent],
+) -> Result<Accepted, Stored> {
+    let started = Instant::now();
+    let result = match shared.sink() {
         Some(sink) => {
-            let accepted = sink.publish(events).await.map_err(Stored::Unavailable)?;
+            let batch = Arc::new(sink_batch(pending, events));
+            let published = tokio::time::timeout_at(pending.deadline, sink.publish(batch)).await;
+            let accepted = match published {
+                Ok(result) => result.map_err(Stored::Unavailable)?,
+                Err(_) => {
+                    return Err(Stored::Unavailable(Unavailable {
+                        message: format!(
+                            "not acknowledged within the request timeout ({:?})",
+                            shared.limits().request_timeout
+                        ),
+                        retry_after: shared.limits().retry_after_secs.to_string(),
+                    }));
+                }
+            };
             shared.count_received(accepted.new + accepted.duplicates);
-            Ok(accepted)
+            accepted
         }
         None => {
-            let (new, duplicates) = shared.store(events, request).map_err(Stored::Failed)?;
-            Ok(Accepted {
+            let (new, duplicates) = shared
+                .store(events, pending.index())
+                .map_err(Stored::Failed)?;
+            Accepted {
                 new,
                 duplicates,
                 rejected: Vec::new(),
-            })
+                reports_seen: shared.add_reports(&pending.reports),
+            }
         }
+    };
+    shared.metrics().stored_in(started.elapsed());
+    Ok(result)
+}
+
+/// The owned batch a sink publishes: each event's bytes as sent, each readable report.
+fn sink_batch(pending: &Pending, events: &[&WireEvent]) -> SinkBatch {
+    let reports = pending
+        .reports
+        .iter()
+        .filter_map(|report| match crate::fleet::report_key(report) {
+            Ok((install_id, report_id)) => Some(SinkReport {
+                install_id,
+                report_id,
+                raw: Bytes::from(report.to_string()),
+            }),
+            Err(why) => {
+                tracing::warn!(target: LOG_TARGET, %why, "client report ignored");
+                None
+            }
+        })
+        .collect();
+    SinkBatch {
+        project: pending.project.clone(),
+        events: events
+            .iter()
+            .map(|e| SinkEvent {
+                event_id: e.event_id.clone(),
+                raw: e.raw.clone(),
+            })
+            .collect(),
+        reports,
     }
 }

@@ -8,18 +8,27 @@
 //! exactly the bugs that only show up on the wire (keep-alive reuse after a reset, gzip framing,
 //! Retry-After parsing).
 //!
-//! The server runs on its own thread with its own single-threaded tokio runtime. That keeps it
-//! usable from plain `#[test]` functions and from inside other runtimes alike, and makes
-//! `Drop` safe anywhere: the runtime is created and dropped on the collector's thread, never on
-//! the caller's.
+//! The server runs on its own thread with its own tokio runtime (a few workers, see
+//! [`Limits::workers`]). That keeps it usable from plain `#[test]` functions and from inside
+//! other runtimes alike, and makes `Drop` safe anywhere: the runtime is created and dropped on
+//! the collector's thread, never on the caller's.
+//!
+//! The same server is the JetStream service of README "Collecting at scale" (feature
+//! `jetstream`): bounded in what it takes on ([`Limits`]), with liveness, readiness and
+//! Prometheus metrics (`admin.rs`), per-project keys (`auth.rs`) and a drain on shutdown
+//! ([`ReferenceCollector::drain`]).
 //!
 //! This module deliberately depends on no other eventspool module: it parses the wire JSON
 //! itself, so a bug in the SDK's encoder cannot be masked by sharing the decoder.
 
+mod admin;
+mod auth;
 mod fleet;
 mod handler;
 #[cfg(feature = "jetstream")]
 mod jetstream;
+mod limits;
+mod metrics;
 mod server;
 // Only the `jetstream` feature builds a sink; without it the seam is there but unused.
 #[cfg_attr(not(feature = "jetstream"), allow(dead_code))]
@@ -27,12 +36,18 @@ mod sink;
 mod state;
 mod wire;
 
-pub use fleet::{Counts, FleetBook, FleetTotals};
+pub use auth::{ApiKeys, DEFAULT_PROJECT};
+pub use fleet::{Counts, FleetBook, FleetTotals, report_key};
 #[cfg(feature = "jetstream")]
-pub use jetstream::JetStreamConfig;
+pub use jetstream::{JetStreamConfig, PROJECT_HEADER, StreamPolicy};
+pub use limits::{
+    Limits, MAX_BATCH_EVENTS, MAX_CONNECTIONS, MAX_DECODED_BODY_BYTES, MAX_RAW_BODY_BYTES,
+};
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_service;
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
@@ -41,14 +56,6 @@ use std::time::{Duration, Instant};
 
 use state::Shared;
 
-/// Largest request body read off the wire, compressed or not. Beyond this the request is
-/// answered 413 without buffering the rest, so a runaway client cannot exhaust memory.
-pub const MAX_RAW_BODY_BYTES: usize = 64 << 20;
-/// Largest body after gzip decoding; bounds the damage of a decompression bomb.
-pub const MAX_DECODED_BODY_BYTES: usize = 64 << 20;
-/// Open connections beyond this are closed on accept. The SDK uses one or two; the bound only
-/// matters when something loops on connect.
-pub const MAX_CONNECTIONS: usize = 1024;
 /// Default for [`CollectorConfig::max_request_records`]. A record of a 100-event batch holds
 /// roughly 15 KB of ids, names and timestamps, so this keeps the log near 150 MB at worst
 /// during a long benchmark, while any ordinary test sees every request.
@@ -72,6 +79,16 @@ pub struct CollectorConfig {
     pub behavior: Behavior,
     /// How many [`RequestRecord`]s to keep (the most recent ones). Request counts stay exact.
     pub max_request_records: usize,
+    /// What the process takes on at once and how long it waits ([`Limits`]).
+    pub limits: Limits,
+    /// Per-project keys: a batch without one of them is answered 401 before its body is read,
+    /// and `/stats`, `/fleet` and `/metrics` want one too. `None`: every request is of
+    /// [`DEFAULT_PROJECT`] (and [`Behavior::required_api_key`] still applies).
+    pub api_keys: Option<ApiKeys>,
+    /// `Some(path)`: batches are taken on that path only (404 elsewhere). `None`: on any path
+    /// but the collector's own (`/stats`, `/fleet`, `/metrics`, `/livez`, `/readyz`), which
+    /// never take a POST.
+    pub batch_path: Option<String>,
 }
 
 impl Default for CollectorConfig {
@@ -81,6 +98,9 @@ impl Default for CollectorConfig {
             db_path: None,
             behavior: Behavior::default(),
             max_request_records: DEFAULT_MAX_REQUEST_RECORDS,
+            limits: Limits::default(),
+            api_keys: None,
+            batch_path: None,
         }
     }
 }
@@ -241,9 +261,17 @@ impl ReferenceCollector {
         config: CollectorConfig,
         sink: Option<Box<dyn sink::Sink>>,
     ) -> std::io::Result<ReferenceCollector> {
+        config.limits.check().map_err(std::io::Error::other)?;
+        if let Some(path) = &config.batch_path
+            && (!path.starts_with('/') || admin::is_reserved(path))
+        {
+            return Err(std::io::Error::other(format!(
+                "batch_path {path:?} must start with / and not be one of the collector's own paths"
+            )));
+        }
         let store = state::Store::open(config.db_path.as_deref())
             .map_err(|e| std::io::Error::other(format!("collector database: {e}")))?;
-        let mut shared = Shared::new(store, config.behavior, config.max_request_records);
+        let mut shared = Shared::new(store, &config);
         if let Some(sink) = sink {
             shared = shared.with_sink(sink);
         }
@@ -270,6 +298,13 @@ impl ReferenceCollector {
                 "a JetStream collector keeps no database: leave db_path unset",
             ));
         }
+        if config.limits.max_batch_events > jetstream.max_in_flight_events {
+            return Err(std::io::Error::other(format!(
+                "limits.max_batch_events ({}) must be at most max_in_flight_events ({}): a \
+                 larger batch could never be admitted",
+                config.limits.max_batch_events, jetstream.max_in_flight_events
+            )));
+        }
         let sink = jetstream::JetStreamSink::connect(jetstream)?;
         Self::serve(config, Some(Box::new(sink)))
     }
@@ -279,9 +314,11 @@ impl ReferenceCollector {
         self.addr
     }
 
-    /// The batch endpoint, `http://ADDR/v1/batch`. Any path is accepted; this is the canonical one.
+    /// The batch endpoint: `http://ADDR` and [`CollectorConfig::batch_path`], else `/v1/batch`
+    /// (any path but the collector's own is taken then; this is the canonical one).
     pub fn url(&self) -> String {
-        format!("http://{}/v1/batch", self.addr)
+        let path = self.shared.batch_path().unwrap_or("/v1/batch");
+        format!("http://{}{path}", self.addr)
     }
 
     /// Queues one-shot behaviours for the next requests.
@@ -385,6 +422,35 @@ impl ReferenceCollector {
     pub fn shutdown(mut self) {
         self.server.stop();
     }
+
+    /// The orderly stop of a service (SIGTERM): readiness fails at once, so a balancer that
+    /// polls `/readyz` stops sending here; after `announce` the listening socket closes (new
+    /// connections are refused, which a balancer retries elsewhere); requests being handled
+    /// finish (a JetStream batch waits for its acks) and each connection closes after its
+    /// answer. Returns once every connection is closed, or after `timeout` with the rest cut;
+    /// the report says which. Then the collector is stopped as by [`Self::shutdown`].
+    pub fn drain(mut self, announce: Duration, timeout: Duration) -> DrainReport {
+        let started = Instant::now();
+        self.shared.set_draining();
+        std::thread::sleep(announce);
+        let cut = self.server.drain(timeout);
+        self.server.stop();
+        DrainReport {
+            elapsed: started.elapsed(),
+            requests_cut: cut,
+            requests: self.shared.request_count(),
+        }
+    }
+}
+
+/// What [`ReferenceCollector::drain`] did.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DrainReport {
+    pub elapsed: Duration,
+    /// Connections still busy when the timeout passed (0 for a clean drain).
+    pub requests_cut: usize,
+    /// Requests the collector saw over its life.
+    pub requests: usize,
 }
 
 impl Drop for ReferenceCollector {

@@ -1,5 +1,5 @@
 //! The server thread: its runtime, the accept loop, and the control loop that takes the
-//! socket down and up again for outages.
+//! socket down and up again for outages, and drains it for an orderly stop.
 //!
 //! Commands travel on a tokio channel (sendable from any thread without blocking) and are
 //! acknowledged on a std channel, so the synchronous handle can wait for "the port is really
@@ -14,26 +14,44 @@ use std::time::Duration;
 
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
-use tokio::net::{TcpListener, TcpSocket};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
 
 use super::state::Shared;
-use super::{CONTROL_TIMEOUT, MAX_CONNECTIONS, SHUTDOWN_TIMEOUT, handler};
+use super::{CONTROL_TIMEOUT, SHUTDOWN_TIMEOUT, handler};
 
 const LOG_TARGET: &str = "eventspool::collector";
 /// Enough for bursts of parallel connects in benchmarks.
 const LISTEN_BACKLOG: u32 = 1024;
 /// Pause after a failed accept (e.g. out of file descriptors) so the loop cannot spin.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(10);
+/// How long a connection past `max_connections` gets to take its 503.
+const REFUSAL_TIMEOUT: Duration = Duration::from_secs(1);
 
 enum Command {
     Outage {
         down: bool,
         ack: std_mpsc::SyncSender<io::Result<()>>,
     },
+    /// Close the listener, let every connection finish its request, bounded; acknowledges
+    /// with the number of connections still busy at the bound (cut).
+    Drain {
+        timeout: Duration,
+        ack: std_mpsc::SyncSender<usize>,
+    },
     Shutdown,
+}
+
+/// How the accept loop is told to end.
+enum Stop {
+    /// At once: every connection is cut (outage, shutdown).
+    Now,
+    /// After every connection answered its request, or at the bound.
+    Graceful(Duration),
 }
 
 /// The handle's side of the server thread.
@@ -100,10 +118,22 @@ fn run(
     commands: mpsc::UnboundedReceiver<Command>,
     ready: std_mpsc::SyncSender<io::Result<SocketAddr>>,
 ) {
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    // Several workers for a service: one busy connection must not hold up the others, and an
+    // overloaded collector must still be able to answer 503 quickly (large bodies are decoded
+    // on the blocking pool in both cases).
+    let workers = shared.limits().workers;
+    let built = if workers > 1 {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(workers)
+            .thread_name("eventspool-collector-worker")
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    };
+    let runtime = match built {
         Ok(rt) => rt,
         Err(e) => {
             let _ = ready.try_send(Err(e));
@@ -129,8 +159,8 @@ fn run(
 
 /// A running accept loop and the way to stop it.
 struct Serving {
-    stop: oneshot::Sender<()>,
-    task: tokio::task::JoinHandle<()>,
+    stop: oneshot::Sender<Stop>,
+    task: tokio::task::JoinHandle<usize>,
 }
 
 impl Serving {
@@ -142,8 +172,14 @@ impl Serving {
 
     /// Returns once the listener and every connection are closed.
     async fn stop(self) {
-        let _ = self.stop.send(());
+        let _ = self.stop.send(Stop::Now);
         let _ = self.task.await;
+    }
+
+    /// Returns once every connection finished, or at `timeout` with the number still busy.
+    async fn drain(self, timeout: Duration) -> usize {
+        let _ = self.stop.send(Stop::Graceful(timeout));
+        self.task.await.unwrap_or(0)
     }
 }
 
@@ -175,6 +211,14 @@ async fn control(
                 };
                 let _ = ack.try_send(result);
             }
+            Command::Drain { timeout, ack } => {
+                let cut = match serving.take() {
+                    Some(s) => s.drain(timeout).await,
+                    None => 0,
+                };
+                tracing::info!(target: LOG_TARGET, %addr, cut, "drained");
+                let _ = ack.try_send(cut);
+            }
             Command::Shutdown => break,
         }
     }
@@ -183,27 +227,40 @@ async fn control(
     }
 }
 
-async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, mut stop: oneshot::Receiver<()>) {
+async fn accept_loop(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    mut stop: oneshot::Receiver<Stop>,
+) -> usize {
     let mut connections = JoinSet::new();
-    loop {
+    let mut refusals = JoinSet::new();
+    let graceful = GracefulShutdown::new();
+    let limits = shared.limits().clone();
+    let how = loop {
         tokio::select! {
-            _ = &mut stop => break,
+            how = &mut stop => break how.unwrap_or(Stop::Now),
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
-                    if connections.len() >= MAX_CONNECTIONS {
-                        tracing::warn!(target: LOG_TARGET, "too many connections; closing a new one");
+                    if connections.len() >= limits.max_connections {
+                        shared.metrics().shed("connections");
+                        if refusals.len() < limits.max_connections {
+                            refusals.spawn(refuse(stream, limits.retry_after_secs));
+                        }
                         continue;
                     }
                     // Small JSON answers must not wait for Nagle.
                     let _ = stream.set_nodelay(true);
                     let shared = Arc::clone(&shared);
+                    let service = service_fn(move |req| handler::handle(Arc::clone(&shared), req));
+                    let connection = http1::Builder::new()
+                        .keep_alive(true)
+                        .timer(TokioTimer::new())
+                        // Also closes a keep-alive connection idle this long.
+                        .header_read_timeout(limits.header_read_timeout)
+                        .serve_connection(TokioIo::new(stream), service);
+                    let connection = graceful.watch(connection);
                     connections.spawn(async move {
-                        let service = service_fn(move |req| handler::handle(Arc::clone(&shared), req));
-                        let served = http1::Builder::new()
-                            .keep_alive(true)
-                            .serve_connection(TokioIo::new(stream), service)
-                            .await;
-                        if let Err(e) = served {
+                        if let Err(e) = connection.await {
                             tracing::debug!(target: LOG_TARGET, error = %e, "connection ended with an error");
                         }
                     });
@@ -214,11 +271,47 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, mut stop: onesh
                 }
             },
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            Some(_) = refusals.join_next(), if !refusals.is_empty() => {}
         }
-    }
+    };
     // Close the listening socket before the connections so no new client slips in between.
     drop(listener);
+    refusals.shutdown().await;
+    let mut cut = 0;
+    if let Stop::Graceful(timeout) = how {
+        // Each connection finishes the request it is in (hyper answers it, then closes);
+        // idle ones close at once.
+        if tokio::time::timeout(timeout, graceful.shutdown())
+            .await
+            .is_err()
+        {
+            cut = connections.len();
+            tracing::warn!(target: LOG_TARGET, cut, "drain timed out; cutting the rest");
+        }
+    }
     connections.shutdown().await;
+    cut
+}
+
+/// The answer to a connection past `max_connections`: a 503 the client can act on (back off
+/// and retry) instead of a closed socket it cannot tell from a crash.
+async fn refuse(mut stream: TcpStream, retry_after_secs: u32) {
+    let body = r#"{"error":"too many connections"}"#;
+    let answer = format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
+         retry-after: {retry_after_secs}\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = tokio::time::timeout(REFUSAL_TIMEOUT, async {
+        stream.write_all(answer.as_bytes()).await?;
+        stream.shutdown().await?;
+        // Read what the client sent, so closing does not reset the connection under the
+        // answer before the client read it.
+        let mut sink = [0u8; 8192];
+        while stream.read(&mut sink).await? > 0 {}
+        Ok::<_, io::Error>(())
+    })
+    .await;
 }
 
 impl ServerThread {
@@ -235,6 +328,16 @@ impl ServerThread {
             )),
             Err(RecvTimeoutError::Disconnected) => Err(stopped()),
         }
+    }
+
+    /// Closes the listener and waits for every connection to finish (bounded by `timeout`);
+    /// returns how many were cut at the bound.
+    pub(super) fn drain(&self, timeout: Duration) -> usize {
+        let (ack, ack_rx) = std_mpsc::sync_channel(1);
+        if self.commands.send(Command::Drain { timeout, ack }).is_err() {
+            return 0;
+        }
+        ack_rx.recv_timeout(timeout + CONTROL_TIMEOUT).unwrap_or(0)
     }
 
     /// Idempotent. Waits a bounded time for the thread, then detaches it rather than hang.

@@ -1,22 +1,26 @@
 //! Everything the server thread and the test-facing handle share: the event store, the
 //! script queue, the behaviour and the request log, under one mutex.
 //!
-//! One lock is enough: the server is single-threaded and every critical section is short
-//! (a batch insert is well under a millisecond), and one lock means a test never sees a
-//! request recorded but its events not yet stored, or the reverse.
+//! One lock is enough: every critical section is short (a batch insert is well under a
+//! millisecond), and one lock means a test never sees a request recorded but its events not
+//! yet stored, or the reverse. What the service's bounds count (requests and bytes in flight,
+//! draining) is outside it, in atomics and a semaphore.
 
 use std::collections::VecDeque;
 use std::path::Path;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, OptionalExtension, params};
 
+use super::auth::ApiKeys;
 use super::fleet::{Counts, FleetBook, FleetTotals};
+use super::limits::Limits;
+use super::metrics::Metrics;
 use super::sink::Sink;
 use super::wire::WireEvent;
-use super::{Behavior, RequestRecord, Scripted, StoredEvent};
+use super::{Behavior, CollectorConfig, RequestRecord, Scripted, StoredEvent};
 
 /// Distinct events by `event_id`, in SQLite because that is what a real collector would
 /// dedup with, and because a file-backed store lets the CLI's collector survive restarts.
@@ -155,6 +159,14 @@ pub(super) struct Shared {
     /// one request in flight is checked against the second.
     in_flight: AtomicUsize,
     max_in_flight: AtomicUsize,
+    limits: Limits,
+    api_keys: Option<ApiKeys>,
+    batch_path: Option<String>,
+    /// Set by a drain: readiness fails and answers close their connection.
+    draining: AtomicBool,
+    /// Bytes of request bodies held now ([`Limits::max_bytes_in_flight`]).
+    bytes: Arc<tokio::sync::Semaphore>,
+    metrics: Metrics,
 }
 
 /// Counts one POST as in flight while it lives (see [`Shared::enter`]).
@@ -167,7 +179,9 @@ impl Drop for InFlight {
 }
 
 impl Shared {
-    pub(super) fn new(store: Store, behavior: Behavior, record_limit: usize) -> Shared {
+    pub(super) fn new(store: Store, config: &CollectorConfig) -> Shared {
+        let behavior = config.behavior.clone();
+        let record_limit = config.max_request_records;
         let rng = fastrand::Rng::with_seed(behavior.seed);
         Shared {
             state: Mutex::new(State {
@@ -186,7 +200,58 @@ impl Shared {
             sink: None,
             in_flight: AtomicUsize::new(0),
             max_in_flight: AtomicUsize::new(0),
+            limits: config.limits.clone(),
+            api_keys: config.api_keys.clone(),
+            batch_path: config.batch_path.clone(),
+            draining: AtomicBool::new(false),
+            bytes: Arc::new(tokio::sync::Semaphore::new(
+                config
+                    .limits
+                    .max_bytes_in_flight
+                    .min(tokio::sync::Semaphore::MAX_PERMITS),
+            )),
+            metrics: Metrics::new(),
         }
+    }
+
+    pub(super) fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    pub(super) fn api_keys(&self) -> Option<&ApiKeys> {
+        self.api_keys.as_ref()
+    }
+
+    pub(super) fn batch_path(&self) -> Option<&str> {
+        self.batch_path.as_deref()
+    }
+
+    pub(super) fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    pub(super) fn set_draining(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+    }
+
+    pub(super) fn draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
+    }
+
+    /// POSTs being handled now.
+    pub(super) fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::SeqCst)
+    }
+
+    /// Takes `n` bytes of the in-flight budget, or `None` when they do not fit now.
+    pub(super) fn take_bytes(&self, n: usize) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        let n = u32::try_from(n.max(1)).unwrap_or(u32::MAX);
+        Arc::clone(&self.bytes).try_acquire_many_owned(n).ok()
+    }
+
+    /// Bytes of the in-flight budget left.
+    pub(super) fn bytes_free(&self) -> usize {
+        self.bytes.available_permits()
     }
 
     /// A POST arrived; it counts as in flight until the guard goes (answered, dropped, or its

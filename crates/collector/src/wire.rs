@@ -21,6 +21,8 @@ pub(super) struct WireEvent {
     pub timestamp: String,
     pub session_id: Option<String>,
     pub properties: Value,
+    /// The event's JSON as sent; filled only for a sink (see [`raw_events`]).
+    pub raw: bytes::Bytes,
 }
 
 /// Why a body could not be turned into bytes to parse.
@@ -172,7 +174,26 @@ fn event_from(mut fields: Map<String, Value>) -> Result<WireEvent, String> {
         timestamp,
         session_id,
         properties,
+        raw: bytes::Bytes::new(),
     })
+}
+
+/// The bytes of each element of the body's `batch` array, exactly as sent: what a sink stores,
+/// so the stream holds the event the SDK sent and not a re-encoding of it. Only called on a
+/// body [`parse`] found valid.
+pub(super) fn raw_events(bytes: &[u8]) -> Result<Vec<bytes::Bytes>, String> {
+    #[derive(serde::Deserialize)]
+    struct Top<'a> {
+        #[serde(borrow)]
+        batch: Vec<&'a serde_json::value::RawValue>,
+    }
+    let top: Top<'_> =
+        serde_json::from_slice(bytes).map_err(|e| format!("batch cannot be read: {e}"))?;
+    Ok(top
+        .batch
+        .into_iter()
+        .map(|raw| bytes::Bytes::copy_from_slice(raw.get().as_bytes()))
+        .collect())
 }
 
 fn required_string(fields: &mut Map<String, Value>, key: &str) -> Result<String, String> {
@@ -207,6 +228,14 @@ mod wire_tests {
             Some("batch[1]: properties is not a JSON object")
         );
         assert_eq!(summary.event_ids, ["a", "b"]);
+    }
+
+    #[test]
+    fn collector_wire_raw_events_are_the_bytes_sent() {
+        let body = r#"{ "batch" : [ {"name":"a",  "event_id":"1"} ,{"z":[1, 2]}], "sent_at":"x"}"#;
+        let raw = raw_events(body.as_bytes()).unwrap();
+        assert_eq!(raw[0], r#"{"name":"a",  "event_id":"1"}"#.as_bytes());
+        assert_eq!(raw[1], r#"{"z":[1, 2]}"#.as_bytes());
     }
 
     #[test]

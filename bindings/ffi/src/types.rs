@@ -52,8 +52,8 @@ pub enum PauseReason {
     Config,
 }
 
-/// Why delivery waits although it could send: consent pending, or the device's conditions
-/// (`set_conditions` and the `deliver_on_*` config).
+/// Why delivery waits although it could send: consent pending, the device's conditions
+/// (`set_conditions` and the `deliver_on_*` config), or the collector's word.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, uniffi::Enum)]
 pub enum DeferReason {
     /// The network is metered and `deliver_on_metered` is false.
@@ -64,6 +64,9 @@ pub enum DeferReason {
     BatteryLow,
     /// Tracking consent is pending: events are kept, nothing is sent until `set_consent(Granted)`.
     Consent,
+    /// The collector asked for no request before a time (a `pause_until` directive, or a
+    /// server's `Retry-After`); delivery resumes by itself, `deliver_within` says when.
+    Collector,
 }
 
 impl From<CoreDeferReason> for DeferReason {
@@ -73,6 +76,7 @@ impl From<CoreDeferReason> for DeferReason {
             CoreDeferReason::LowPower => DeferReason::LowPower,
             CoreDeferReason::BatteryLow => DeferReason::BatteryLow,
             CoreDeferReason::Consent => DeferReason::Consent,
+            CoreDeferReason::Collector => DeferReason::Collector,
         }
     }
 }

@@ -121,6 +121,12 @@ pub struct Shared {
     /// An atomic, not a lock: every `track()` reads it ([`crate::Consent::to_u8`]).
     pub consent: std::sync::atomic::AtomicU8,
     pub enabled: AtomicBool,
+    /// Between the app's "no" and the worker's send (README §Consent): `set_consent` and
+    /// `set_enabled` change the flags above under the write side, the worker checks them and
+    /// starts its request under the read side ([`Shared::delivery_allowed`]). So once either verb
+    /// has returned, no request starts, even one whose batch was already taken; a request
+    /// already on the wire may finish. Held for microseconds, never across an `await`.
+    pub send_gate: parking_lot::RwLock<()>,
     pub state: Mutex<StateCell>,
     pub state_changed: Condvar,
     pub observers: Arc<Observers>,
@@ -169,6 +175,14 @@ impl Shared {
         self.queue.fill_stats(&mut stats);
         (stats.directives_applied, stats.directives_ignored) = self.fleet.directive_counts();
         stats
+    }
+
+    /// Whether a request may start now: consent granted and not opted out. Read under
+    /// [`Shared::send_gate`] by the one place that starts requests (the worker).
+    pub fn delivery_allowed(&self) -> bool {
+        self.enabled.load(Ordering::SeqCst)
+            && crate::Consent::from_u8(self.consent.load(Ordering::SeqCst))
+                == crate::Consent::Granted
     }
 
     pub fn control(&self, f: impl FnOnce(&mut Control)) {

@@ -210,6 +210,7 @@ impl EventSpool {
             critical_waiting: AtomicBool::new(false),
             consent: std::sync::atomic::AtomicU8::new(consent.to_u8()),
             enabled: AtomicBool::new(true),
+            send_gate: parking_lot::RwLock::new(()),
             state: Mutex::new(StateCell {
                 state: match consent {
                     Consent::Denied => DeliveryState::Disabled,
@@ -611,8 +612,12 @@ impl EventSpool {
     /// Opt-out: `false` stops delivery and makes `track()` return [`Error::Disabled`]; what is
     /// queued stays until [`EventSpool::purge_pending`] or `set_enabled(true)`.
     pub fn set_enabled(&self, enabled: bool) {
-        self.shared().enabled.store(enabled, Ordering::SeqCst);
-        self.shared().control(|c| {
+        let s = self.shared();
+        // Flag and control together under the gate: a send the worker has not started yet
+        // sees `false` and is withheld (README §Consent).
+        let _gate = s.send_gate.write();
+        s.enabled.store(enabled, Ordering::SeqCst);
+        s.control(|c| {
             if c.enabled != enabled {
                 c.enabled = enabled;
                 c.enabled_changed = true;
@@ -636,19 +641,25 @@ impl EventSpool {
         let _one_at_a_time = lock(&self.handle.consent_verb);
         let s = self.shared();
         s.queue.store_consent(consent)?;
-        s.consent.store(consent.to_u8(), Ordering::SeqCst);
+        {
+            // Flag and control together under the gate: a send the worker has not started yet
+            // sees the new consent and is withheld, and the worker is told before anything
+            // below can fail.
+            let _gate = s.send_gate.write();
+            s.consent.store(consent.to_u8(), Ordering::SeqCst);
+            s.control(|c| {
+                if c.consent != consent {
+                    c.consent = consent;
+                    c.consent_changed = true;
+                }
+            });
+        }
         if consent == Consent::Denied {
             // Waits for the track() calls already past their consent check, so their events
             // are queued before the discard below; every later call sees `Denied`.
             drop(self.handle.admission.write());
             s.queue.discard_for_consent()?;
         }
-        s.control(|c| {
-            if c.consent != consent {
-                c.consent = consent;
-                c.consent_changed = true;
-            }
-        });
         Ok(())
     }
 

@@ -7,6 +7,7 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::task::Poll;
 use std::time::{Duration, SystemTime};
 
 use crate::classify::{Outcome, classify};
@@ -20,6 +21,7 @@ use crate::state::Notice;
 use crate::stats::{DropReason, Exit};
 use crate::transport::{HttpRequest, HttpResponse, TransportError};
 use crate::wire;
+use futures_util::future::BoxFuture;
 
 const USER_AGENT: &str = concat!("eventspool/", env!("CARGO_PKG_VERSION"));
 
@@ -223,9 +225,15 @@ impl Worker {
     }
 
     /// Sends the machine's batch in flight; `None` when shutdown interrupted it. Its answer
-    /// becomes the machine's next input.
+    /// becomes the machine's next input: [`Input::Withheld`] when the app said no since the
+    /// batch was taken (see [`Shared::send_gate`]).
     async fn send(&mut self, attempt: u32, wall_ms: i64) -> Option<Input> {
         let s = self.s.clone();
+        if !s.delivery_allowed() {
+            return Some(Input::Withheld {
+                now_ms: s.clock.now_ms(),
+            });
+        }
         self.note_sends(self.machine.in_flight(), SendNote::Sending);
         // What the ledger says since the last report rides with this request (src/fleet).
         s.fleet.cut(&s.queue, &s.full_stats());
@@ -258,15 +266,21 @@ impl Worker {
             timeout,
             max_response_bytes: crate::transport::response_bound(events.len()),
         };
-        s.counters.requests.fetch_add(1, Ordering::Relaxed);
         let mut shutdown = s.shutdown.subscribe();
-        let send = tokio::time::timeout(
-            timeout + Duration::from_millis(250),
-            s.transport.send(request),
-        );
-        let result: Result<HttpResponse, TransportError> = tokio::select! {
-            result = send => result.unwrap_or(Err(TransportError::Timeout)),
-            _ = shutdown.wait_for(|stop| *stop) => return None,
+        let result: Result<HttpResponse, TransportError> = match start(&s, request).await {
+            Start::Withheld => {
+                return Some(Input::Withheld {
+                    now_ms: s.clock.now_ms(),
+                });
+            }
+            Start::Answered(result) => result,
+            Start::Started(send) => {
+                let send = tokio::time::timeout(timeout + Duration::from_millis(250), send);
+                tokio::select! {
+                    result = send => result.unwrap_or(Err(TransportError::Timeout)),
+                    _ = shutdown.wait_for(|stop| *stop) => return None,
+                }
+            }
         };
         let now_ms = s.clock.now_ms();
         let outcome = classify(&result, SystemTime::now());
@@ -368,4 +382,33 @@ impl Worker {
     fn recover_leases(&mut self) {
         self.s.queue.release_all();
     }
+}
+
+/// How a request's start went: withheld (the app said no), or handed to the transport, which
+/// answered at once or is still at it.
+enum Start {
+    Withheld,
+    Answered(Result<HttpResponse, TransportError>),
+    Started(BoxFuture<'static, Result<HttpResponse, TransportError>>),
+}
+
+/// Starts the request under the read side of [`Shared::send_gate`]: the check that consent and
+/// the opt-out allow it and the transport's first step (its first poll, where a transport hands
+/// the request to its HTTP stack) happen while neither `set_consent` nor `set_enabled` can
+/// change them, so once either has returned no request of this spool starts.
+async fn start(s: &Shared, request: HttpRequest) -> Start {
+    let mut request = Some(request);
+    std::future::poll_fn(|cx| {
+        let _gate = s.send_gate.read();
+        let Some(request) = request.take().filter(|_| s.delivery_allowed()) else {
+            return Poll::Ready(Start::Withheld);
+        };
+        s.counters.requests.fetch_add(1, Ordering::Relaxed);
+        let mut send = s.transport.send(request);
+        Poll::Ready(match send.as_mut().poll(cx) {
+            Poll::Ready(result) => Start::Answered(result),
+            Poll::Pending => Start::Started(send),
+        })
+    })
+    .await
 }

@@ -351,3 +351,28 @@ fn verbs_between_a_batch_and_its_send_and_answers_before_controls() {
     ];
     assert_eq!(drive(policy(), &rows), rows.len());
 }
+
+/// The hand-over a `Retry-After` past the budget causes is worded for what it is: no retry was
+/// made, so the status line never says "gave up after 0 attempts".
+#[test]
+fn a_hand_over_without_retries_is_not_worded_as_zero_attempts() {
+    let mut rig = Rig::new(long_retry_after());
+    for step in then(sending(3), &[RetryAfter(503, 120)]) {
+        rig.input(&step);
+    }
+    let shown = rig
+        .input(&Tick)
+        .into_iter()
+        .find_map(|a| match a {
+            Action::Publish { state, .. } => Some(state),
+            _ => None,
+        })
+        .expect("the state is published");
+    assert!(matches!(
+        shown,
+        DeliveryState::WaitingForUser { attempts: 0, .. }
+    ));
+    let line = crate::state::DeliveryStatus::new(shown, 3).to_string();
+    assert!(!line.contains("0 attempts"), "{line}");
+    assert!(line.contains("HTTP 503"), "{line}");
+}

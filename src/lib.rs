@@ -37,6 +37,9 @@ pub(crate) mod split;
 mod spool;
 pub(crate) mod state;
 pub(crate) mod stats;
+#[cfg(feature = "test-util")]
+#[doc(hidden)]
+pub mod testing;
 pub(crate) mod transport;
 mod wire;
 mod worker;

@@ -35,6 +35,10 @@ use crate::split::{LoneRefusal, SizeLimit, Split};
 use crate::state::{DeferReason, DeliveryConditions, DeliveryState, DrainOutcome, PauseReason};
 use crate::transport::{HttpResponse, TransportError};
 
+/// How often a denial's deletion that failed (a store error, a reader holding the WAL) is tried
+/// again while consent stays denied.
+pub const DISCARD_RETRY_MS: u64 = 5_000;
+
 /// Events of a batch, each with whether it was read from the store (the queue gives it back or
 /// deletes it where it lives).
 pub type Events = Vec<(QueuedEvent, bool)>;
@@ -128,14 +132,16 @@ pub enum Input {
     /// ([`crate::shared::Shared::take_control`]), at `now_ms`.
     Control { verbs: Control, now_ms: u64 },
     /// The driver's turn (also after a timer fired): the monotonic and wall clocks, the events
-    /// pending, whether `flush_at` was reached since the last drain started, and whether a
-    /// critical event was tracked since the last batch was assembled.
+    /// pending, whether `flush_at` was reached since the last drain started, whether a
+    /// critical event was tracked since the last batch was assembled, and whether a denial's
+    /// deletion is still owed (it failed: [`Action::DiscardForConsent`] is tried again).
     Tick {
         now_ms: u64,
         wall_ms: i64,
         pending: u64,
         flush_at: bool,
         critical: bool,
+        discard_owed: bool,
     },
     /// The answer to [`Action::NextBatch`] / [`Action::ProbeBatch`]: the batch the queue leased,
     /// in delivery order, or `None` when it is empty. `wall_ms` is read after it was taken.
@@ -220,7 +226,8 @@ pub enum Action {
     /// The bounded drain `id` ended this way: hand it to its caller.
     DrainDone { id: u64, outcome: DrainOutcome },
     /// Consent was denied: delete every queued event and dead letter (README §Consent), after
-    /// any [`Action::Release`] before it.
+    /// any [`Action::Release`] before it. Also while a failed deletion is owed, every
+    /// [`DISCARD_RETRY_MS`].
     DiscardForConsent,
     /// Shutdown: the worker ends.
     Stop,
@@ -360,6 +367,10 @@ pub struct Machine {
     report_only: bool,
     /// No request before this (monotonic), from a collector's `pause_until`.
     hold_until_ms: Option<u64>,
+    /// A denial's deletion failed and is owed (the last [`Input::Tick`] said so), and when it
+    /// is tried next.
+    discard_owed: bool,
+    discard_retry_ms: u64,
     /// No automatic request before this (monotonic): a server's `Retry-After`, capped at
     /// `retry_after_cap_ms`. It outlives the episode it came in (a reconnect or the foreground
     /// does not make the server ready sooner); only `retry_now()`, the user's own word, goes
@@ -419,6 +430,8 @@ impl Machine {
             report_only: false,
             hold_until_ms: None,
             not_before_ms: None,
+            discard_owed: false,
+            discard_retry_ms: 0,
             manual_now: false,
             out: Vec::new(),
         }
@@ -442,8 +455,13 @@ impl Machine {
                 pending,
                 flush_at,
                 critical,
+                discard_owed,
             } => {
                 self.critical = critical;
+                self.discard_owed = discard_owed && self.consent == Consent::Denied;
+                if self.discard_owed {
+                    self.retry_discard(now_ms);
+                }
                 self.tick(now_ms, wall_ms, pending, flush_at)
             }
             Input::Fleet {
@@ -550,8 +568,21 @@ impl Machine {
         self.out.push(Action::Wait { until_ms });
     }
 
+    /// A denial's deletion is owed: tried now if its time came, and the machine wakes for the
+    /// next try.
+    fn retry_discard(&mut self, now: u64) {
+        if now >= self.discard_retry_ms {
+            self.out.push(Action::DiscardForConsent);
+            self.discard_retry_ms = now + DISCARD_RETRY_MS;
+        }
+    }
+
     fn tick(&mut self, now: u64, wall_ms: i64, pending: u64, flush_at_reached: bool) {
         match self.mode.clone() {
+            Mode::Disabled if self.discard_owed => {
+                let retry = self.discard_retry_ms;
+                self.rest(DeliveryState::Disabled, Some(retry))
+            }
             Mode::Disabled => self.rest(DeliveryState::Disabled, None),
             Mode::Offline => self.rest(DeliveryState::Offline, None),
             Mode::Deferred { reason } => self.rest(DeliveryState::Deferred { reason }, None),
@@ -725,6 +756,7 @@ impl Machine {
             if c.consent_changed && c.consent == Consent::Denied {
                 // After the release: what came back from the batch in flight goes too.
                 self.out.push(Action::DiscardForConsent);
+                self.discard_retry_ms = now + DISCARD_RETRY_MS;
             }
             let granted_now = c.consent_changed
                 && c.consent == Consent::Granted

@@ -127,6 +127,9 @@ pub struct Shared {
     /// has returned, no request starts, even one whose batch was already taken; a request
     /// already on the wire may finish. Held for microseconds, never across an `await`.
     pub send_gate: parking_lot::RwLock<()>,
+    /// A denial's deletion has not finished (a store error, a reader holding the WAL): nothing
+    /// is sent, the worker tries again, and a new grant first finishes it.
+    pub discard_owed: AtomicBool,
     pub state: Mutex<StateCell>,
     pub state_changed: Condvar,
     pub observers: Arc<Observers>,

@@ -76,6 +76,7 @@ impl Worker {
                 pending: self.s.counters.pending(),
                 flush_at: self.s.flush_at_reached.load(Ordering::SeqCst),
                 critical: self.s.critical_waiting.load(Ordering::SeqCst),
+                discard_owed: self.s.discard_owed.load(Ordering::SeqCst),
             };
             let actions = self.machine.feed(tick);
             if !self.perform(actions).await {
@@ -158,8 +159,14 @@ impl Worker {
                     None
                 }
                 Action::DiscardForConsent => {
-                    if let Err(e) = self.s.queue.discard_for_consent() {
-                        tracing::error!(error = %e, "could not delete the events kept before consent was denied");
+                    // One try at the WAL: the machine asks again if a reader holds it.
+                    match self.s.queue.discard_for_consent(Duration::ZERO) {
+                        Ok(_) => self.s.discard_owed.store(false, Ordering::SeqCst),
+                        Err(e) => {
+                            // Owed: the machine asks again while consent stays denied.
+                            self.s.discard_owed.store(true, Ordering::SeqCst);
+                            tracing::error!(error = %e, "could not delete the events kept before consent was denied; retrying");
+                        }
                     }
                     None
                 }

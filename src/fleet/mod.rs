@@ -49,7 +49,7 @@ pub fn report_room(room: u64) -> u64 {
 
 /// Names in the store's `fleet` table.
 mod key {
-    pub const INSTALL_ID: &str = "install_id";
+    pub const INSTALL_ID: &str = crate::queue::INSTALL_ID_NAME;
     pub const NEXT_REPORT: &str = "next_report";
     pub const DIRECTIVE: &str = "directive";
     pub const APPLIED: &str = "applied";
@@ -73,7 +73,9 @@ pub struct Steer {
 }
 
 pub struct Fleet {
-    install_id: String,
+    /// `None` while consent is denied: a denial deletes it (README §Consent), and a new grant
+    /// makes a new one, so reports from before and after cannot be linked.
+    install_id: Mutex<Option<String>>,
     directives_on: bool,
     /// `retry_after_cap_ms`: the longest a `pause_until` holds.
     pause_cap_ms: u64,
@@ -105,8 +107,14 @@ struct Inner {
 
 impl Fleet {
     /// Reads what the store keeps (install id, waiting reports, directive in force), making the
-    /// install id on first use.
-    pub fn load(queue: &Queue, directives_on: bool, pause_cap_ms: u64, wall_ms: i64) -> Fleet {
+    /// install id on first use unless consent is `denied`.
+    pub fn load(
+        queue: &Queue,
+        directives_on: bool,
+        pause_cap_ms: u64,
+        wall_ms: i64,
+        consent: crate::Consent,
+    ) -> Fleet {
         let get = |name| {
             queue.fleet_get(name).unwrap_or_else(|e| {
                 tracing::warn!(error = %e, name, "could not read the fleet table");
@@ -114,14 +122,9 @@ impl Fleet {
             })
         };
         let install_id = match get(key::INSTALL_ID) {
-            Some(id) => id,
-            None => {
-                let id = new_install_id();
-                if let Err(e) = queue.fleet_put(key::INSTALL_ID, &id) {
-                    tracing::warn!(error = %e, "could not keep the install id");
-                }
-                id
-            }
+            _ if consent == crate::Consent::Denied => None,
+            Some(id) => Some(id),
+            None => new_install_id(queue),
         };
         let waiting = queue.reports().unwrap_or_default();
         let next_report = get(key::NEXT_REPORT)
@@ -136,7 +139,7 @@ impl Fleet {
             .and_then(|d| d.pause_until_ms)
             .filter(|at| *at > wall_ms);
         Fleet {
-            install_id,
+            install_id: Mutex::new(install_id),
             directives_on,
             pause_cap_ms,
             steering: AtomicBool::new(directive.is_some()),
@@ -151,8 +154,28 @@ impl Fleet {
         }
     }
 
-    pub fn install_id(&self) -> &str {
-        &self.install_id
+    pub fn install_id(&self) -> Option<String> {
+        lock(&self.install_id).clone()
+    }
+
+    /// Consent denied: the install id and the reports waiting to be sent are forgotten (the
+    /// queue's deletion took them out of the store), and the ledger so far is never reported.
+    pub fn forget_install(&self, stats: &Stats) {
+        lock(&self.install_id).take();
+        let mut g = lock(&self.inner);
+        g.waiting.clear();
+        g.baseline = Tally::of(stats, &g.quarantined, g.quarantine_purged);
+    }
+
+    /// Consent granted: a new install id if the last denial deleted it. The first report
+    /// under it counts from now.
+    pub fn ensure_install(&self, queue: &Queue, stats: &Stats) {
+        let mut id = lock(&self.install_id);
+        if id.is_none() {
+            *id = new_install_id(queue);
+            let mut g = lock(&self.inner);
+            g.baseline = Tally::of(stats, &g.quarantined, g.quarantine_purged);
+        }
     }
 
     /// Quarantined events by reason, which [`Stats`] keeps only as a total.
@@ -176,6 +199,10 @@ impl Fleet {
     /// Cuts a report of what changed since the last one (nothing when nothing changed) and
     /// keeps it in the store. `stats` is a full [`Stats`] (queue sizes filled in).
     pub fn cut(&self, queue: &Queue, stats: &Stats) {
+        let Some(install_id) = self.install_id() else {
+            // Denied: nothing is sent, and nothing under an id a denial deleted is kept.
+            return;
+        };
         let mut g = lock(&self.inner);
         let now = Tally::of(stats, &g.quarantined, g.quarantine_purged);
         let delta = now.since(&g.baseline);
@@ -185,7 +212,7 @@ impl Fleet {
         let id = g.next_report;
         let quarantine_size = stats.quarantine.values().sum();
         let body = delta
-            .to_report(&self.install_id, id, stats.pending, quarantine_size)
+            .to_report(&install_id, id, stats.pending, quarantine_size)
             .to_string();
         if let Err(e) = queue.report_add(id, &body) {
             // Not cut: the counts stay in the delta and go in the next report.
@@ -339,11 +366,22 @@ impl Fleet {
     }
 }
 
-/// 128 random bits as 32 hex digits: names a device install and nothing else (no clock, no
-/// hardware id), so it cannot be tied to a user or a time.
-fn new_install_id() -> String {
-    let mut rng = fastrand::Rng::new();
-    format!("{:016x}{:016x}", rng.u64(..), rng.u64(..))
+/// 128 bits from the OS's generator as 32 hex digits, kept in the store: names a device install
+/// and nothing else (no clock, no hardware id, no seed another id could be derived from), so
+/// it cannot be tied to a user, a time or another install.
+fn new_install_id(queue: &Queue) -> Option<String> {
+    let mut bits = [0u8; 16];
+    if let Err(e) = getrandom::getrandom(&mut bits) {
+        // No OS randomness (it does not happen on the platforms served): an id made of anything
+        // weaker could be guessed, so no report is cut until there is one.
+        tracing::error!(error = %e, "no OS randomness for the install id");
+        return None;
+    }
+    let id: String = bits.iter().map(|b| format!("{b:02x}")).collect();
+    if let Err(e) = queue.fleet_put(key::INSTALL_ID, &id) {
+        tracing::warn!(error = %e, "could not keep the install id");
+    }
+    Some(id)
 }
 
 #[cfg(test)]

@@ -82,7 +82,7 @@ proptest! {
         steps in proptest::collection::vec(step(), 1..60),
     ) {
         let q = queue();
-        let fleet = Fleet::load(&q, true, 60_000, 0);
+        let fleet = Fleet::load(&q, true, 60_000, 0, crate::Consent::Granted);
         let mut book = FleetBook::default();
         let (mut t, mut d, mut quarantined, mut expired) = (0, 0, 0, 0);
         let mut in_transit: Vec<Value> = Vec::new();
@@ -180,18 +180,18 @@ fn reports_and_the_install_id_survive_a_reopen() {
     };
     let (install, first) = {
         let q = open();
-        let fleet = Fleet::load(&q, true, 60_000, 0);
+        let fleet = Fleet::load(&q, true, 60_000, 0, crate::Consent::Granted);
         fleet.cut(&q, &stats(5, 0, 0));
         fleet.cut(&q, &stats(7, 2, 0));
         let (ids, body) = fleet.for_request(u64::MAX);
         assert_eq!(ids, vec![1, 2]);
         fleet.answered(&q, &[1], b"{}", 0);
         q.release_ownership();
-        (fleet.install_id().to_string(), body.unwrap())
+        (fleet.install_id().unwrap(), body.unwrap())
     };
     let q = open();
-    let fleet = Fleet::load(&q, true, 60_000, 0);
-    assert_eq!(fleet.install_id(), install);
+    let fleet = Fleet::load(&q, true, 60_000, 0, crate::Consent::Granted);
+    assert_eq!(fleet.install_id(), Some(install));
     let (ids, body) = fleet.for_request(u64::MAX);
     assert_eq!(ids, vec![2], "the uncovered report waits, with its id");
     let first: Vec<Value> = serde_json::from_str(&first).unwrap();

@@ -83,6 +83,9 @@ enum In {
     /// The driver did not start the send asked for: the app withdrew consent or opted out
     /// between the batch being taken and the request.
     Withheld,
+    /// The denial's deletion failed, or (`false`) has now succeeded: what the driver says in
+    /// its next ticks.
+    DiscardOwed(bool),
 }
 
 use In::*;
@@ -94,6 +97,8 @@ struct Rig {
     now: u64,
     next_seq: u64,
     next_drain: u64,
+    /// What the driver says of a denial's deletion in its ticks: it failed and is owed.
+    discard_owed: bool,
 }
 
 impl Rig {
@@ -105,6 +110,7 @@ impl Rig {
             now: NOW0,
             next_seq: 1,
             next_drain: 1,
+            discard_owed: false,
         }
     }
 
@@ -146,6 +152,7 @@ impl Rig {
             pending,
             flush_at,
             critical,
+            discard_owed: self.discard_owed,
         })
     }
 
@@ -287,6 +294,10 @@ impl Rig {
             Timeout => self.answer(Err(TransportError::Timeout)),
             Refused => self.answer(Err(TransportError::Connect("refused".into()))),
             Withheld => self.m.feed(Input::Withheld { now_ms: self.now }),
+            DiscardOwed(owed) => {
+                self.discard_owed = *owed;
+                Vec::new()
+            }
         }
     }
 

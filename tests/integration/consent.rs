@@ -21,7 +21,7 @@ fn deferred(s: &DeliveryState) -> bool {
 }
 
 /// Every file eventspool wrote in `dir` (database, WAL, SHM, lock), read whole.
-fn files_contain(dir: &Path, needle: &[u8]) -> Vec<String> {
+pub fn files_contain(dir: &Path, needle: &[u8]) -> Vec<String> {
     let mut hits = Vec::new();
     for entry in std::fs::read_dir(dir).unwrap() {
         let path = entry.unwrap().path();
@@ -311,7 +311,7 @@ fn no_request_starts_after_denial_or_opt_out_returned() {
             .recv_timeout(WAIT)
             .expect("the worker takes a batch");
         if opt_out {
-            let _ = spool.set_enabled(false);
+            spool.set_enabled(false).unwrap();
         } else {
             spool.set_consent(Consent::Denied).unwrap();
         }

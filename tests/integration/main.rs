@@ -5,6 +5,7 @@ mod common;
 mod concurrency;
 mod conditions;
 mod consent;
+mod consent_store;
 mod critical;
 mod drain;
 mod encryption;

@@ -376,3 +376,44 @@ fn a_hand_over_without_retries_is_not_worded_as_zero_attempts() {
     assert!(!line.contains("0 attempts"), "{line}");
     assert!(line.contains("HTTP 503"), "{line}");
 }
+
+/// README §Consent: a denial whose deletion failed stays disabled and asks for the deletion
+/// again every `DISCARD_RETRY_MS` until the driver says it is done.
+#[test]
+fn a_failed_deletion_is_asked_for_again() {
+    let failed = || {
+        vec![
+            SetConsent(Consent::Pending),
+            SetConsent(Consent::Denied),
+            DiscardOwed(true),
+        ]
+    };
+    let rows = [
+        row(
+            failed(),
+            Tick,
+            &["publish disabled", "wait +5000"],
+            "disabled",
+        ),
+        row(
+            failed(),
+            TickAfter(5_000),
+            &["discard for consent", "publish disabled", "wait +5000"],
+            "disabled",
+        ),
+        row(
+            then(failed(), &[TickAfter(5_000), DiscardOwed(false)]),
+            TickAfter(5_000),
+            &["publish disabled", "wait"],
+            "disabled",
+        ),
+        // Owed at open (the record said denied, the deletion failed): tried at the first turn.
+        row(
+            vec![SetConsent(Consent::Denied), DiscardOwed(true)],
+            TickAfter(5_000),
+            &["discard for consent", "publish disabled", "wait +5000"],
+            "disabled",
+        ),
+    ];
+    assert_eq!(drive(policy(), &rows), rows.len());
+}

@@ -68,5 +68,5 @@ pub use state::{
     DeferReason, DeliveryConditions, DeliveryObserver, DeliveryState, DeliveryStatus, DrainOutcome,
     Notice, PauseReason,
 };
-pub use stats::{DropReason, Stats};
+pub use stats::{DirectiveInForce, DropReason, Stats};
 pub use transport::{HttpRequest, HttpResponse, Transport, TransportError, response_bound};

@@ -177,6 +177,9 @@ impl Shared {
         let mut stats = self.counters.snapshot();
         self.queue.fill_stats(&mut stats);
         (stats.directives_applied, stats.directives_ignored) = self.fleet.directive_counts();
+        stats.directive = self
+            .fleet
+            .in_force(self.clock.now_ms(), self.clock.wall_ms());
         stats
     }
 

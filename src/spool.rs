@@ -203,7 +203,7 @@ impl EventSpool {
             &queue,
             config.directives,
             config.retry_after_cap_ms,
-            clock.wall_ms(),
+            (clock.wall_ms(), clock.now_ms()),
             consent,
         );
         let (shutdown, _) = tokio::sync::watch::channel(false);
@@ -345,8 +345,13 @@ impl EventSpool {
             self.check_accepting()?;
             let queued = self.prepare(event)?;
             let id = queued.id;
-            if !self.screen(event.name)? {
-                return Ok(id);
+            match self.screen(event.name, critical) {
+                Screen::Keep => {}
+                Screen::Sampled => {
+                    self.shared().counters.drop(DropReason::Sampled, 1);
+                    return Ok(id);
+                }
+                Screen::NameDropped => return Err(self.name_dropped(event.name)),
             }
             self.accept(std::iter::once(queued), 1, critical)
                 .map(|()| id)
@@ -387,14 +392,32 @@ impl EventSpool {
             })
             .collect::<Result<Vec<_>>>()?;
         let ids: Vec<EventId> = prepared.iter().map(|q| q.id).collect();
-        // The collector's directives leave some out (counted); the batch is still all or none
-        // for what the app can get wrong.
-        let prepared: Vec<QueuedEvent> = prepared
-            .into_iter()
-            .zip(events)
-            .filter(|(_, e)| self.screen(&e.name).unwrap_or(false))
-            .map(|(q, _)| q)
-            .collect();
+        // The collector's directives, by the rule `track()` follows: a refused name refuses the
+        // call (here the whole batch, naming the event), a sampled event is left out. What is
+        // left out is counted only once the batch is recorded: a refused batch records nothing,
+        // and its retry must not count the same events twice.
+        let mut kept = Vec::with_capacity(prepared.len());
+        let mut sampled = 0;
+        for (i, (queued, event)) in prepared.into_iter().zip(events).enumerate() {
+            match self.screen(&event.name, queued.critical) {
+                Screen::Keep => kept.push(queued),
+                Screen::Sampled => sampled += 1,
+                Screen::NameDropped => {
+                    let refused = self.name_dropped(&event.name);
+                    return Err(Error::InvalidEvent(format!("event {}: {refused}", i + 1)));
+                }
+            }
+        }
+        let recorded = self.record_batch(kept);
+        if !matches!(recorded, Err(Error::BatchRefused(_))) {
+            self.shared().counters.drop(DropReason::Sampled, sampled);
+        }
+        recorded.map(|()| ids)
+    }
+
+    /// Records what a `track_batch` kept, all or none (`BatchRefused`).
+    fn record_batch(&self, prepared: Vec<QueuedEvent>) -> Result<()> {
+        let ids: Vec<EventId> = prepared.iter().map(|q| q.id).collect();
         let n = prepared.len() as u64;
         let s = self.shared();
         // A batch holding a critical event is committed whole before the call returns.
@@ -403,7 +426,7 @@ impl EventSpool {
             if s.queue.has_store() {
                 let first = s.queue.push_batch_spilling(prepared)?;
                 self.wake_if_due(first);
-                return Ok(ids);
+                return Ok(());
             }
             if n > s.config.memory_capacity {
                 return Err(Error::BatchRefused(format!(
@@ -413,34 +436,27 @@ impl EventSpool {
                 )));
             }
         }
-        match self.accept(prepared, n, critical) {
-            Ok(()) => Ok(ids),
-            Err(reason) => Err(Error::NotDurable {
+        self.accept(prepared, n, critical)
+            .map_err(|reason| Error::NotDurable {
                 event_ids: ids,
                 reason,
-            }),
-        }
+            })
     }
 
-    /// Whether an event named `name` is kept under the collector's directive in force
-    /// (src/fleet): `Ok(false)` when `sample_rate` leaves it out, an error when `drop_names`
-    /// refuses it; both counted.
-    fn screen(&self, name: &str) -> Result<bool> {
+    /// What the collector's directive in force (src/fleet) says of a new event named `name`;
+    /// the critical lane is always kept. Counts nothing: the callers count what they record.
+    fn screen(&self, name: &str, critical: bool) -> Screen {
         let s = self.shared();
-        match s.fleet.screen(name, || s.clock.wall_ms()) {
-            Screen::Keep => Ok(true),
-            Screen::Sampled => {
-                s.counters.drop(DropReason::Sampled, 1);
-                Ok(false)
-            }
-            Screen::NameDropped => {
-                s.counters.drop(DropReason::NameDropped, 1);
-                Err(Error::InvalidEvent(format!(
-                    "name {:?} is refused by the collector's drop_names directive",
-                    event::truncate(name, 64)
-                )))
-            }
-        }
+        s.fleet.screen(name, critical, || s.clock.now_ms())
+    }
+
+    /// A name `drop_names` refuses, counted (one refusal per call): the error `track()` gives.
+    fn name_dropped(&self, name: &str) -> Error {
+        self.shared().counters.drop(DropReason::NameDropped, 1);
+        Error::InvalidEvent(format!(
+            "name {:?} is refused by the collector's drop_names directive",
+            event::truncate(name, 64)
+        ))
     }
 
     fn check_accepting(&self) -> Result<()> {
@@ -759,6 +775,21 @@ impl EventSpool {
         self.shared().fleet.install_id()
     }
 
+    /// Ends the collector's directive in force ([`Stats::directive`]): its `sample_rate`,
+    /// `drop_names` and `pause_until` stop holding now (its one-shot actions already ran and are
+    /// not run again; a collector that sends it again starts it again). Returns whether one was
+    /// in force. To refuse directives for good, set `directives = false`.
+    pub fn clear_directive(&self) -> Result<bool> {
+        if self.handle.closed.load(Ordering::Relaxed) {
+            return Err(Error::ShutDown);
+        }
+        let s = self.shared();
+        let was = s.fleet.clear(&s.queue, s.clock.now_ms());
+        // The worker learns the pause ended at its next turn.
+        s.wake.notify_one();
+        Ok(was)
+    }
+
     /// Waits (real time) until `done` holds for the current state or for one published while
     /// waiting (so a state that lasted microseconds is not missed), or the timeout passes.
     pub fn wait_for(
@@ -896,6 +927,7 @@ impl Handle {
         let result = s.persist().map(|_| ());
         // What changed since the last client report is kept as one more, sent after a restart.
         s.fleet.cut(&s.queue, &s.full_stats());
+        s.fleet.save_clock(&s.queue, s.clock.now_ms());
         s.queue.stop_spiller();
         // Not from the worker's thread, nor from the spill thread itself (an observer told of a
         // refused spill calls shutdown() there): it ends once the callback returns.

@@ -104,7 +104,34 @@ pub struct Stats {
     /// or turned off with `directives = false`); see docs/protocol.md §Directives.
     pub directives_applied: u64,
     pub directives_ignored: u64,
+    /// The collector's directive in force now, if any (docs/protocol.md §Directives); the app
+    /// may end it with [`crate::EventSpool::clear_directive`].
+    pub directive: Option<DirectiveInForce>,
 }
+
+/// A collector's directive as it holds on this device now: what it does and when it ends.
+#[derive(Clone, Debug, Default, PartialEq)]
+#[non_exhaustive]
+pub struct DirectiveInForce {
+    pub id: String,
+    /// Milliseconds of its life left, counted on the device's monotonic clock from its arrival.
+    pub expires_in_ms: u64,
+    /// The same as a wall-clock estimate (Unix ms), for display.
+    pub expires_at_ms: i64,
+    /// No request before this (Unix ms), already capped at `retry_after_cap_ms`.
+    pub pause_until_ms: Option<i64>,
+    /// (name prefix, fraction kept), longest prefix first; the critical lane is never sampled.
+    pub sample_rate: Vec<(String, f64)>,
+    /// Names `track()` refuses; the critical lane is never refused.
+    pub drop_names: Vec<String>,
+    /// Its one-shot actions (run once per id, when it first arrived).
+    pub redrive: Vec<String>,
+    pub purge_quarantine: Vec<String>,
+}
+
+/// The fractions are checked to lie in [0, 1] when the directive is read, so none is NaN and
+/// equality is an equivalence.
+impl Eq for DirectiveInForce {}
 
 impl Stats {
     pub fn dropped(&self, reason: DropReason) -> u64 {

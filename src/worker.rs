@@ -292,9 +292,12 @@ impl Worker {
         let now_ms = s.clock.now_ms();
         let outcome = classify(&result, SystemTime::now());
         if let (Ok(response), Outcome::Delivered | Outcome::Partial { .. }) = (&result, &outcome) {
-            let steer = s
-                .fleet
-                .answered(&s.queue, &report_ids, &response.body, s.clock.wall_ms());
+            let steer = s.fleet.answered(
+                &s.queue,
+                &report_ids,
+                &response.body,
+                (s.clock.wall_ms(), s.clock.now_ms()),
+            );
             self.steer(steer);
         }
         Some(Input::Answer {

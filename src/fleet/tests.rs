@@ -82,7 +82,7 @@ proptest! {
         steps in proptest::collection::vec(step(), 1..60),
     ) {
         let q = queue();
-        let fleet = Fleet::load(&q, true, 60_000, 0, crate::Consent::Granted);
+        let fleet = Fleet::load(&q, true, 60_000, (0, 0), crate::Consent::Granted);
         let mut book = FleetBook::default();
         let (mut t, mut d, mut quarantined, mut expired) = (0, 0, 0, 0);
         let mut in_transit: Vec<Value> = Vec::new();
@@ -112,7 +112,7 @@ proptest! {
                             in_transit.extend(serde_json::from_str::<Vec<Value>>(&body).unwrap());
                         }
                         if answered {
-                            fleet.answered(&q, &ids, br#"{"reports_seen":[]}"#, 0);
+                            fleet.answered(&q, &ids, br#"{"reports_seen":[]}"#, (0, 0));
                         }
                     }
                 }
@@ -130,7 +130,7 @@ proptest! {
             let (ids, body) = fleet.for_request(u64::MAX);
             let Some(body) = body else { break };
             deliver(&mut book, &body)?;
-            fleet.answered(&q, &ids, b"{}", 0);
+            fleet.answered(&q, &ids, b"{}", (0, 0));
         }
         for r in in_transit {
             book.add(&r);
@@ -180,17 +180,17 @@ fn reports_and_the_install_id_survive_a_reopen() {
     };
     let (install, first) = {
         let q = open();
-        let fleet = Fleet::load(&q, true, 60_000, 0, crate::Consent::Granted);
+        let fleet = Fleet::load(&q, true, 60_000, (0, 0), crate::Consent::Granted);
         fleet.cut(&q, &stats(5, 0, 0));
         fleet.cut(&q, &stats(7, 2, 0));
         let (ids, body) = fleet.for_request(u64::MAX);
         assert_eq!(ids, vec![1, 2]);
-        fleet.answered(&q, &[1], b"{}", 0);
+        fleet.answered(&q, &[1], b"{}", (0, 0));
         q.release_ownership();
         (fleet.install_id().unwrap(), body.unwrap())
     };
     let q = open();
-    let fleet = Fleet::load(&q, true, 60_000, 0, crate::Consent::Granted);
+    let fleet = Fleet::load(&q, true, 60_000, (0, 0), crate::Consent::Granted);
     assert_eq!(fleet.install_id(), Some(install));
     let (ids, body) = fleet.for_request(u64::MAX);
     assert_eq!(ids, vec![2], "the uncovered report waits, with its id");
@@ -203,4 +203,58 @@ fn reports_and_the_install_id_survive_a_reopen() {
         vec![2, 3],
         "numbering goes on"
     );
+}
+
+/// A store-backed queue in `dir`, as a restart opens it.
+fn stored_queue(dir: &std::path::Path) -> Queue {
+    let params = QueueParams {
+        memory_capacity: 100,
+        durability: Durability::Spill,
+        quarantine_max_events: 100,
+        quarantine_retention_ms: 1_000_000,
+        encryption_keys: Default::default(),
+    };
+    crate::queue::Queue::open(
+        &dir.join("s.db"),
+        1 << 20,
+        0,
+        params,
+        Ledger::default(),
+        Arc::new(Mutex::new(Vec::new())),
+    )
+    .unwrap()
+    .queue
+}
+
+fn redrive_directive(id: &str) -> Vec<u8> {
+    format!(r#"{{"directives":{{"id":"{id}","redrive":["bad_request"]}}}}"#).into_bytes()
+}
+
+/// "Once per directive id" holds for every id seen, not only the last: A, B, A (one load
+/// balancer's instances serving different directives) runs A's redrive once, also across a
+/// restart, so a collector cannot loop dead letters through redrives.
+#[test]
+fn one_shot_actions_run_once_per_id_whatever_came_between() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let q = stored_queue(dir.path());
+        let fleet = Fleet::load(&q, true, 60_000, (0, 0), crate::Consent::Granted);
+        let once = |id: &str| {
+            !fleet
+                .answered(&q, &[], &redrive_directive(id), (0, 0))
+                .redrive
+                .is_empty()
+        };
+        assert!(once("A"), "A runs");
+        assert!(once("B"), "B runs");
+        assert!(!once("A"), "A again after B does not run again");
+        assert!(!once("B"));
+        q.release_ownership();
+    }
+    let q = stored_queue(dir.path());
+    let fleet = Fleet::load(&q, true, 60_000, (0, 0), crate::Consent::Granted);
+    let again = fleet.answered(&q, &[], &redrive_directive("A"), (0, 0));
+    assert!(again.redrive.is_empty(), "nor after a restart");
+    let c = fleet.answered(&q, &[], &redrive_directive("C"), (0, 0));
+    assert_eq!(c.redrive, vec!["bad_request"], "a new id runs");
 }

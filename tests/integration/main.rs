@@ -7,6 +7,7 @@ mod conditions;
 mod consent;
 mod consent_store;
 mod critical;
+mod directives;
 mod drain;
 mod encryption;
 #[path = "../support/episode.rs"]

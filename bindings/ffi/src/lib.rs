@@ -29,8 +29,8 @@ pub use foreign::{
 };
 pub use types::{
     AttemptFailure, Consent, DeferReason, DeliveryConditions, DeliveryState, DeliveryStatus,
-    DrainOutcome, EncryptionKey, NewEvent, PauseReason, Priority, QuarantineSelector,
-    QuarantinedEvent, SpoolNotice, SpoolStats,
+    DirectiveInForce, DrainOutcome, EncryptionKey, NewEvent, PauseReason, Priority,
+    QuarantineSelector, QuarantinedEvent, SpoolNotice, SpoolStats,
 };
 
 use eventspool::ConfigError;
@@ -303,7 +303,11 @@ impl EventSpool {
     }
 
     fn stats_of(&self, core: &eventspool::EventSpool) -> SpoolStats {
-        SpoolStats::from_core(core.stats(), self.callback_errors.load(Ordering::Relaxed))
+        SpoolStats::from_core(
+            core.stats(),
+            self.callback_errors.load(Ordering::Relaxed),
+            core.install_id(),
+        )
     }
 }
 
@@ -464,6 +468,12 @@ impl EventSpool {
     /// The tracking consent in force; after `shutdown`, `ShutDown`.
     pub fn consent(&self) -> Result<Consent, SpoolError> {
         self.with_core(|core| Ok(core.consent().into()))
+    }
+
+    /// Ends the collector's directive in force (`SpoolStats.directive`): its `sample_rate`,
+    /// `drop_names` and `pause_until` stop holding now. Returns whether one was in force.
+    pub fn clear_directive(&self) -> Result<bool, SpoolError> {
+        self.with_core(|core| core.clear_directive())
     }
 
     /// Deletes every queued event not in flight (after an opt-out); returns how many.

@@ -258,3 +258,31 @@ fn one_shot_actions_run_once_per_id_whatever_came_between() {
     let c = fleet.answered(&q, &[], &redrive_directive("C"), (0, 0));
     assert_eq!(c.redrive, vec!["bad_request"], "a new id runs");
 }
+
+/// A directive's life is kept across a restart as the time it had left (the monotonic clock
+/// starts again at every open), and a wall clock put back a year in between does not stretch it.
+#[test]
+fn a_directive_keeps_its_time_left_across_a_restart() {
+    const HOUR: u64 = 3_600_000;
+    const WALL: i64 = 1_800_000_000_000;
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let q = stored_queue(dir.path());
+        let fleet = Fleet::load(&q, true, 60_000, (WALL, 0), crate::Consent::Granted);
+        let body = br#"{"directives":{"id":"d","ttl_ms":3600000,"drop_names":["spam"]}}"#;
+        fleet.answered(&q, &[], body, (WALL, 0));
+        assert_eq!(fleet.screen("spam", false, || 10), Screen::NameDropped);
+        // Half an hour later the app shuts down.
+        fleet.save_clock(&q, HOUR / 2);
+        q.release_ownership();
+    }
+    // The next process: its monotonic clock starts at 5; the wall clock went back a year.
+    let q = stored_queue(dir.path());
+    let year = 365 * 24 * HOUR as i64;
+    let fleet = Fleet::load(&q, true, 60_000, (WALL - year, 5), crate::Consent::Granted);
+    let d = fleet.in_force(5, WALL - year).expect("still in force");
+    assert_eq!(d.expires_in_ms, HOUR / 2, "the half hour it had left");
+    assert_eq!(fleet.screen("spam", false, || 5 + HOUR / 2 - 1), Screen::NameDropped);
+    assert_eq!(fleet.screen("spam", false, || 5 + HOUR / 2), Screen::Keep);
+    assert!(fleet.in_force(5 + HOUR / 2, WALL - year).is_none());
+}

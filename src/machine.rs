@@ -221,6 +221,8 @@ pub enum Action {
     },
     /// They expired before they could be sent (again): delete them as `expired` and name them.
     DropExpired(Events),
+    /// A 2xx listed this many `rejected` ids that name no event of its batch: count them.
+    UnmatchedRejections(u64),
     /// Give them back to the queue, in place.
     Release(Events),
     /// The bounded drain `id` ended this way: hand it to its caller.
@@ -1089,10 +1091,18 @@ impl Machine {
             Outcome::Delivered => self.delivered(batch.events),
             Outcome::Partial { rejected } => {
                 let status = Some(200);
+                // Compared as UUIDs: a collector's other spelling of an id must not make its
+                // event look delivered.
+                let unmatched = rejected
+                    .iter()
+                    .filter(|r| !batch.events.iter().any(|(e, _)| r.id == Some(e.id.0)))
+                    .count() as u64;
+                if unmatched > 0 {
+                    self.out.push(Action::UnmatchedRejections(unmatched));
+                }
                 let mut good = Vec::new();
                 for (event, from_store) in batch.events {
-                    let id = event.id.to_string();
-                    let Some(rejection) = rejected.iter().find(|r| r.event_id == id) else {
+                    let Some(rejection) = rejected.iter().find(|r| r.id == Some(event.id.0)) else {
                         good.push((event, from_store));
                         continue;
                     };

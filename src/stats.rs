@@ -100,6 +100,10 @@ pub struct Stats {
     pub stores_recovered: u64,
     /// Panics caught inside background tasks or observers.
     pub panics: u64,
+    /// Ids a collector's 2xx listed as `rejected` that name no event of the batch it answers
+    /// (compared as UUIDs, whatever their spelling): a collector bug worth a look, never
+    /// taken for one of the batch's events.
+    pub rejections_unmatched: u64,
     /// Collector directives taken, and directive fields ignored (malformed, unknown, expired,
     /// or turned off with `directives = false`); see docs/protocol.md §Directives.
     pub directives_applied: u64,
@@ -200,6 +204,7 @@ pub struct Counters {
     pub store_errors: AtomicU64,
     pub stores_recovered: AtomicU64,
     pub panics: AtomicU64,
+    pub rejections_unmatched: AtomicU64,
     dropped: [AtomicU64; DropReason::ALL.len()],
     /// Shared by moves, exclusive for a snapshot.
     gate: parking_lot::RwLock<()>,
@@ -285,6 +290,7 @@ impl Counters {
             store_errors: get(&self.store_errors),
             stores_recovered: get(&self.stores_recovered),
             panics: get(&self.panics),
+            rejections_unmatched: get(&self.rejections_unmatched),
             ..Stats::default()
         }
     }

@@ -150,6 +150,17 @@ impl Worker {
                     );
                     None
                 }
+                Action::UnmatchedRejections(n) => {
+                    self.s
+                        .counters
+                        .rejections_unmatched
+                        .fetch_add(n, Ordering::Relaxed);
+                    tracing::warn!(
+                        ids = n,
+                        "the collector rejected ids that are in no event of the batch"
+                    );
+                    None
+                }
                 Action::Release(events) => {
                     self.s.queue.release(&events);
                     None

@@ -80,6 +80,10 @@ enum In {
     CutShort,
     Timeout,
     Refused,
+    /// A 2xx refusing the event at this index with its id in upper case, without hyphens.
+    RejectedRespelled(usize),
+    /// A 2xx refusing an id that is in no event of the batch.
+    RejectedUnknown,
     /// The driver did not start the send asked for: the app withdrew consent or opted out
     /// between the batch being taken and the request.
     Withheld,
@@ -286,6 +290,17 @@ impl Rig {
                 let body = format!(r#"{{"rejected":[{{"event_id":"{id}","reason":"bad"}}]}}"#);
                 self.answer(Ok(Rig::http(200, &[], &body)))
             }
+            RejectedRespelled(index) => {
+                let id = self.m.in_flight()[*index].0.id.0.simple().to_string();
+                let id = id.to_ascii_uppercase();
+                let body = format!(r#"{{"rejected":[{{"event_id":"{id}","reason":"bad"}}]}}"#);
+                self.answer(Ok(Rig::http(200, &[], &body)))
+            }
+            RejectedUnknown => {
+                let id = EventId::new();
+                let body = format!(r#"{{"rejected":[{{"event_id":"{id}","reason":"bad"}}]}}"#);
+                self.answer(Ok(Rig::http(200, &[], &body)))
+            }
             CutShort => {
                 let mut response = Rig::http(200, &[], "{\"rej");
                 response.truncated = true;
@@ -342,6 +357,7 @@ impl Rig {
             }
             Action::DropExpired(events) => format!("drop expired {}", events.len()),
             Action::Release(events) => format!("release {}", events.len()),
+            Action::UnmatchedRejections(n) => format!("unmatched rejections {n}"),
             Action::DiscardForConsent => "discard for consent".into(),
             Action::DrainDone { id, outcome } => {
                 let what = match outcome {

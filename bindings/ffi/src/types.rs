@@ -357,6 +357,9 @@ pub struct SpoolStats {
     /// The random id this install reports under; `None` while consent is denied.
     #[uniffi(default)]
     pub install_id: Option<String>,
+    /// `rejected` ids in a 2xx that named no event of the batch (a collector bug).
+    #[uniffi(default)]
+    pub rejections_unmatched: u64,
 }
 
 /// A collector's directive as it holds on this device now (docs/protocol.md §Directives).
@@ -416,6 +419,7 @@ impl SpoolStats {
             directives_ignored: s.directives_ignored,
             directive: s.directive.map(Into::into),
             install_id,
+            rejections_unmatched: s.rejections_unmatched,
         }
     }
 }

@@ -417,3 +417,24 @@ fn a_failed_deletion_is_asked_for_again() {
     ];
     assert_eq!(drive(policy(), &rows), rows.len());
 }
+
+/// docs/protocol.md §Responses: a `rejected` id is compared as a UUID, not as text; one that
+/// names no event of the batch is counted, never taken for one of them.
+#[test]
+fn rejected_ids_are_compared_as_uuids() {
+    let rows = [
+        row(
+            sending(3),
+            RejectedRespelled(1),
+            &["quarantine rejected 1", "ack 2"],
+            "sending",
+        ),
+        row(
+            sending(3),
+            RejectedUnknown,
+            &["unmatched rejections 1", "ack 3"],
+            "sending",
+        ),
+    ];
+    assert_eq!(drive(policy(), &rows), rows.len());
+}

@@ -21,3 +21,4 @@ mod policy;
 mod quarantine;
 mod reentrant;
 mod rig;
+mod wrong_network;

@@ -570,15 +570,6 @@ impl Machine {
         self.out.push(Action::Wait { until_ms });
     }
 
-    /// A denial's deletion is owed: tried now if its time came, and the machine wakes for the
-    /// next try.
-    fn retry_discard(&mut self, now: u64) {
-        if now >= self.discard_retry_ms {
-            self.out.push(Action::DiscardForConsent);
-            self.discard_retry_ms = now + DISCARD_RETRY_MS;
-        }
-    }
-
     fn tick(&mut self, now: u64, wall_ms: i64, pending: u64, flush_at_reached: bool) {
         match self.mode.clone() {
             Mode::Disabled if self.discard_owed => {
@@ -676,43 +667,6 @@ impl Machine {
             }
             Mode::Draining => self.drain_step(now, wall_ms),
         }
-    }
-
-    /// The end of what holds every request back now, if anything does: a collector's
-    /// `pause_until`, and a server's `Retry-After` unless the user just said `retry_now()`.
-    fn hold(&self, now: u64) -> Option<u64> {
-        let retry_after = self.not_before_ms.filter(|_| !self.manual_now);
-        [self.hold_until_ms, retry_after]
-            .into_iter()
-            .flatten()
-            .filter(|until| *until > now)
-            .max()
-    }
-
-    /// Rests while [`Machine::hold`] holds: `Deferred{collector}` with the time it ends while
-    /// something waits to be sent (a batch already split keeps its place in the work and goes
-    /// after), idle when nothing does. Open drains are then drained.
-    fn rest_held(&mut self, now: u64, pending: u64) {
-        let Some(until) = self.hold(now) else {
-            return;
-        };
-        if pending == 0 && self.work.is_empty() {
-            if matches!(self.mode, Mode::Draining) {
-                self.mode = Mode::Idle;
-            }
-            self.drained = !self.drains.is_empty();
-            self.rest(DeliveryState::Idle, None);
-            return;
-        }
-        self.publish(
-            DeliveryState::Deferred {
-                reason: DeferReason::Collector,
-            },
-            Some(until),
-        );
-        self.out.push(Action::Wait {
-            until_ms: Some(until),
-        });
     }
 
     fn start_drain(&mut self, now: u64) {
@@ -1389,27 +1343,6 @@ impl Machine {
         self.mode = Mode::Paused { reason, failure };
     }
 
-    /// The send asked for was not started (see [`Input::Withheld`]): what its events counted for
-    /// it is taken back, and everything in hand goes back to the queue.
-    fn withheld(&mut self) {
-        if let Some(batch) = self.work.front_mut() {
-            batch.attempts = batch.attempts.saturating_sub(1);
-            for (event, _) in &mut batch.events {
-                SendNote::NotSent.apply(event);
-            }
-            let events = batch.events.clone();
-            if !events.is_empty() {
-                self.out.push(Action::NoteSends {
-                    events,
-                    note: SendNote::NotSent,
-                });
-            }
-        }
-        self.probing = None;
-        self.release_work();
-        self.mode = Mode::Idle;
-    }
-
     /// Gives the events of unfinished batches (and of a split's held events) back to the queue,
     /// in place.
     fn release_work(&mut self) {
@@ -1431,5 +1364,6 @@ impl Machine {
     }
 }
 
+mod holds;
 #[cfg(test)]
 mod tests;

@@ -282,7 +282,10 @@ fn a_directive_keeps_its_time_left_across_a_restart() {
     let fleet = Fleet::load(&q, true, 60_000, (WALL - year, 5), crate::Consent::Granted);
     let d = fleet.in_force(5, WALL - year).expect("still in force");
     assert_eq!(d.expires_in_ms, HOUR / 2, "the half hour it had left");
-    assert_eq!(fleet.screen("spam", false, || 5 + HOUR / 2 - 1), Screen::NameDropped);
+    assert_eq!(
+        fleet.screen("spam", false, || 5 + HOUR / 2 - 1),
+        Screen::NameDropped
+    );
     assert_eq!(fleet.screen("spam", false, || 5 + HOUR / 2), Screen::Keep);
     assert!(fleet.in_force(5 + HOUR / 2, WALL - year).is_none());
 }

@@ -119,7 +119,10 @@ fn caused_by_tls(e: &reqwest::Error) -> bool {
         if err.is::<rustls::Error>() {
             return true;
         }
-        match err.downcast_ref::<std::io::Error>().and_then(|io| io.get_ref()) {
+        match err
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+        {
             Some(inner) => is_tls(inner),
             None => false,
         }

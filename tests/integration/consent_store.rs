@@ -48,7 +48,6 @@ fn a_failed_delete_leaves_the_spool_not_delivering_and_is_retried() {
     let collector = collector();
     let dir = tempfile::tempdir().unwrap();
     let (spool, _recorder) = spool_with_kept_events(dir.path(), &collector.url(), 50);
-    spool.set_online(true);
     eventspool::testing::fail_consent_deletes(&dir.path().join("events.db"), 2);
     let denied = spool.set_consent(Consent::Denied);
     assert!(
@@ -56,6 +55,8 @@ fn a_failed_delete_leaves_the_spool_not_delivering_and_is_retried() {
         "a deletion that failed is not reported as done"
     );
     assert_eq!(spool.consent(), Consent::Denied, "the denial holds");
+    // The network is back and the app asks to send: the stored backlog must stay unsent.
+    spool.set_online(true);
     spool.flush();
     wait_state(&spool, "disabled", |s| *s == DeliveryState::Disabled);
     assert!(matches!(

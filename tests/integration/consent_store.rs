@@ -17,13 +17,22 @@ const MARK: &str = "consent-store-secret-51c0";
 /// A spool on a store in `dir`, `n` events tracked with the marked value and written to the
 /// store (nothing sent: the collector is far, the spool offline until the test says so).
 fn spool_with_kept_events(dir: &Path, url: &str, n: usize) -> (EventSpool, Arc<Recorder>) {
+    spool_on_clock(dir, url, n, instant_clock())
+}
+
+fn spool_on_clock(
+    dir: &Path,
+    url: &str,
+    n: usize,
+    clock: Arc<dyn eventspool::Clock>,
+) -> (EventSpool, Arc<Recorder>) {
     let mut c = eventspool::Config::new(url);
     c.db_path = Some(dir.join("events.db"));
     c.memory_capacity = 5;
     c.min_batch_interval_ms = 0;
     let recorder = Arc::new(Recorder::default());
     let spool = EventSpool::builder(c)
-        .clock(instant_clock())
+        .clock(clock)
         .observer(recorder.clone())
         .start_offline()
         .open()
@@ -47,7 +56,10 @@ fn spool_with_kept_events(dir: &Path, url: &str, n: usize) -> (EventSpool, Arc<R
 fn a_failed_delete_leaves_the_spool_not_delivering_and_is_retried() {
     let collector = collector();
     let dir = tempfile::tempdir().unwrap();
-    let (spool, _recorder) = spool_with_kept_events(dir.path(), &collector.url(), 50);
+    // A stepped clock: the worker's retries come only when the test moves it, so both the
+    // verb's delete and the worker's first one meet the fault.
+    let (clock, dyn_clock) = manual_clock();
+    let (spool, _recorder) = spool_on_clock(dir.path(), &collector.url(), 50, dyn_clock);
     eventspool::testing::fail_consent_deletes(&dir.path().join("events.db"), 2);
     let denied = spool.set_consent(Consent::Denied);
     assert!(
@@ -63,9 +75,11 @@ fn a_failed_delete_leaves_the_spool_not_delivering_and_is_retried() {
         spool.track("after", json!({})),
         Err(Error::ConsentDenied)
     ));
-    // The worker tries again (its timer runs on the instant clock) until the delete happens.
+    assert_eq!(spool.stats().pending, 50, "nothing deleted yet");
+    // The worker tries again every 5 s of its clock until the delete happens.
     let deadline = Instant::now() + WAIT;
     while spool.stats().pending > 0 && Instant::now() < deadline {
+        clock.advance(Duration::from_secs(5));
         std::thread::sleep(Duration::from_millis(20));
     }
     let stats = spool.stats();

@@ -7,7 +7,10 @@
 //! MODE is `always` (durability = always: durable when `track()` returns), `persist` (durability
 //! = spill, `persist()` every few events: durable when `persist()` returns), `drain` (track
 //! nothing, deliver what the store holds, shut down cleanly and print `drained`), or `hold`
-//! (open the store, print `open`, then sleep: a second process tries the same store meanwhile).
+//! (open the store, print `open`, then sleep: a second process tries the same store meanwhile),
+//! or `deny` (track COUNT events carrying `deny-secret-SEED`, persist them, then
+//! `set_consent(Denied)`, printing `recorded` and blocking between the denial's record and its
+//! delete, where the parent kills it; tests/reliability/denial.rs).
 //!
 //! Exit codes: 0 done, 3 the store could not be opened (the error is printed on stderr).
 
@@ -21,7 +24,7 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     if args.len() < 6 {
         eprintln!(
-            "usage: crash_child DB URL SEED COUNT always|persist|drain|hold [MAX_DISK_BYTES]"
+            "usage: crash_child DB URL SEED COUNT always|persist|drain|hold|deny [MAX_DISK_BYTES]"
         );
         std::process::exit(2);
     }
@@ -43,6 +46,10 @@ fn main() {
     if let Some(cap) = args.get(6).and_then(|c| c.parse().ok()) {
         config.max_disk_bytes = cap;
     }
+    if mode == "deny" {
+        // Kept, never sent: the denial must delete every one of them.
+        config.consent = eventspool::Consent::Pending;
+    }
     config.durability = if mode == "always" {
         Durability::Always
     } else {
@@ -61,6 +68,26 @@ fn main() {
             let _ = writeln!(out, "open");
             let _ = out.flush();
             std::thread::sleep(Duration::from_secs(30));
+            return;
+        }
+        "deny" => {
+            for i in 0..count {
+                let secret = format!("deny-secret-{seed}-{i:05}");
+                if let Err(e) = spool.track("private", json!({ "secret": secret })) {
+                    eprintln!("track failed: {e}");
+                }
+            }
+            if let Err(e) = spool.persist() {
+                eprintln!("persist failed: {e}");
+            }
+            eventspool::testing::between_denial_record_and_delete(|| {
+                let mut out = std::io::stdout().lock();
+                let _ = writeln!(out, "recorded");
+                let _ = out.flush();
+                std::thread::sleep(Duration::from_secs(30));
+            });
+            let result = spool.set_consent(eventspool::Consent::Denied);
+            let _ = writeln!(out, "deleted {result:?}");
             return;
         }
         "drain" => {

@@ -61,9 +61,14 @@ pub enum Outcome {
 /// An event the collector refused inside a 2xx answer.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 pub struct Rejection {
+    /// As the collector wrote it.
     pub event_id: String,
     #[serde(default)]
     pub reason: String,
+    /// `event_id` read as a UUID (any spelling: upper case, without hyphens, braced), which is
+    /// what is compared with the batch's ids; `None` when it is not one.
+    #[serde(skip)]
+    pub id: Option<uuid::Uuid>,
 }
 
 /// What the UI and stats show about a failed attempt: the status (if any) and a short one-line
@@ -133,6 +138,7 @@ pub fn classify(result: &Result<HttpResponse, TransportError>, now: SystemTime) 
                     .into_iter()
                     .map(|r| Rejection {
                         reason: cut(&r.reason, MAX_KEPT_BODY_BYTES).to_string(),
+                        id: uuid::Uuid::parse_str(r.event_id.trim()).ok(),
                         event_id: r.event_id,
                     })
                     .collect(),

@@ -127,6 +127,11 @@ macro_rules! config_table {
                 /// spool: at every open): `"granted"` (default), `"pending"` or `"denied"`. From
                 /// then on the store's record (changed by `set_consent`) wins over this.
                 consent: Consent = Consent::Granted, ffi String, plain;
+                /// `false` opens the spool opted out, as after `set_enabled(false)`: nothing is
+                /// sent and `track()` is refused until `set_enabled(true)`. Opted out when either
+                /// this or the store's record (kept by `set_enabled`) says so, so a restored
+                /// backlog never starts sending before the app's own call.
+                enabled: bool = true, ffi bool, plain;
             }
         }
     };
@@ -474,6 +479,7 @@ mod tests {
                 "compression" => "none",
                 "durability" => "always",
                 "allow_insecure_http"
+                | "enabled"
                 | "directives"
                 | "deliver_on_metered"
                 | "deliver_on_low_power"

@@ -47,6 +47,14 @@ pub enum Error {
     /// `granted` again.
     #[error("tracking consent is denied: the event was not recorded")]
     ConsentDenied,
+    /// `set_consent(Denied)` is recorded and in force (nothing is sent, `track()` is refused),
+    /// but deleting what was kept did not finish: the text says what is left (rows, or the
+    /// WAL's old pages while another connection reads the file). The spool tries again in the
+    /// background until it is done, and no later grant sends what the denial covered.
+    #[error(
+        "consent denied and in force, but the kept data is not deleted yet: {0}; the deletion is retried"
+    )]
+    WipeIncomplete(String),
     /// The SQLite store failed; the text says which operation.
     #[error("storage: {0}")]
     Storage(String),

@@ -37,6 +37,9 @@ pub(crate) mod split;
 mod spool;
 pub(crate) mod state;
 pub(crate) mod stats;
+#[cfg(feature = "test-util")]
+#[doc(hidden)]
+pub mod testing;
 pub(crate) mod transport;
 mod wire;
 mod worker;
@@ -67,7 +70,7 @@ pub use state::{
     DeferReason, DeliveryConditions, DeliveryObserver, DeliveryState, DeliveryStatus, DrainOutcome,
     Notice, PauseReason,
 };
-pub use stats::{DropReason, Stats};
+pub use stats::{DirectiveInForce, DropReason, Stats};
 #[cfg(feature = "reqwest")]
 pub use transport::ReqwestTransport;
 pub use transport::{HttpRequest, HttpResponse, Transport, TransportError, response_bound};

@@ -35,6 +35,10 @@ use crate::split::{LoneRefusal, SizeLimit, Split};
 use crate::state::{DeferReason, DeliveryConditions, DeliveryState, DrainOutcome, PauseReason};
 use crate::transport::{HttpResponse, TransportError};
 
+/// How often a denial's deletion that failed (a store error, a reader holding the WAL) is tried
+/// again while consent stays denied.
+pub const DISCARD_RETRY_MS: u64 = 5_000;
+
 /// Events of a batch, each with whether it was read from the store (the queue gives it back or
 /// deletes it where it lives).
 pub type Events = Vec<(QueuedEvent, bool)>;
@@ -128,14 +132,16 @@ pub enum Input {
     /// ([`crate::shared::Shared::take_control`]), at `now_ms`.
     Control { verbs: Control, now_ms: u64 },
     /// The driver's turn (also after a timer fired): the monotonic and wall clocks, the events
-    /// pending, whether `flush_at` was reached since the last drain started, and whether a
-    /// critical event was tracked since the last batch was assembled.
+    /// pending, whether `flush_at` was reached since the last drain started, whether a
+    /// critical event was tracked since the last batch was assembled, and whether a denial's
+    /// deletion is still owed (it failed: [`Action::DiscardForConsent`] is tried again).
     Tick {
         now_ms: u64,
         wall_ms: i64,
         pending: u64,
         flush_at: bool,
         critical: bool,
+        discard_owed: bool,
     },
     /// The answer to [`Action::NextBatch`] / [`Action::ProbeBatch`]: the batch the queue leased,
     /// in delivery order, or `None` when it is empty. `wall_ms` is read after it was taken.
@@ -152,6 +158,10 @@ pub enum Input {
         report_due: bool,
         pause_ms: Option<u64>,
     },
+    /// The answer to [`Action::Send`] when the driver did not start it: between taking the batch
+    /// and sending it, the app withdrew its consent or opted out (README §Consent). Nothing left;
+    /// the batch goes back, and the control that follows says where the machine rests.
+    Withheld { now_ms: u64 },
     /// The answer to [`Action::Send`]: `note` is what the transport's result says about the
     /// send ([`SendNote::Answered`] for any HTTP answer, [`SendNote::NotSent`] for a refused
     /// connection, `None` when the effect is unknown), `outcome` its classification,
@@ -211,12 +221,15 @@ pub enum Action {
     },
     /// They expired before they could be sent (again): delete them as `expired` and name them.
     DropExpired(Events),
+    /// A 2xx listed this many `rejected` ids that name no event of its batch: count them.
+    UnmatchedRejections(u64),
     /// Give them back to the queue, in place.
     Release(Events),
     /// The bounded drain `id` ended this way: hand it to its caller.
     DrainDone { id: u64, outcome: DrainOutcome },
     /// Consent was denied: delete every queued event and dead letter (README §Consent), after
-    /// any [`Action::Release`] before it.
+    /// any [`Action::Release`] before it. Also while a failed deletion is owed, every
+    /// [`DISCARD_RETRY_MS`].
     DiscardForConsent,
     /// Shutdown: the worker ends.
     Stop,
@@ -271,12 +284,14 @@ impl Batch {
     }
 }
 
-/// A lone event refused with 400/422 during a split, held until the split shows whether the
+/// A lone event refused with 400/422/413 during a split, held until the split shows whether the
 /// collector refuses it or every request (see [`crate::split`]).
 #[derive(Debug)]
 struct Refused {
     batch: Batch,
     status: u16,
+    /// The quarantine reason it gets if the collector turns out to take other requests.
+    reason: &'static str,
     detail: String,
 }
 
@@ -354,6 +369,18 @@ pub struct Machine {
     report_only: bool,
     /// No request before this (monotonic), from a collector's `pause_until`.
     hold_until_ms: Option<u64>,
+    /// A denial's deletion failed and is owed (the last [`Input::Tick`] said so), and when it
+    /// is tried next.
+    discard_owed: bool,
+    discard_retry_ms: u64,
+    /// No automatic request before this (monotonic): a server's `Retry-After`, capped at
+    /// `retry_after_cap_ms`. It outlives the episode it came in (a reconnect or the foreground
+    /// does not make the server ready sooner); only `retry_now()`, the user's own word, goes
+    /// before it, and any answer that is not transient ends it.
+    not_before_ms: Option<u64>,
+    /// `retry_now()` came with the last [`Input::Control`]: the drain it starts may go before a
+    /// server's `Retry-After`.
+    manual_now: bool,
     out: Vec<Action>,
 }
 
@@ -404,6 +431,10 @@ impl Machine {
             report_due: false,
             report_only: false,
             hold_until_ms: None,
+            not_before_ms: None,
+            discard_owed: false,
+            discard_retry_ms: 0,
+            manual_now: false,
             out: Vec::new(),
         }
     }
@@ -414,6 +445,7 @@ impl Machine {
             Input::Control { now_ms, .. }
             | Input::Tick { now_ms, .. }
             | Input::Answer { now_ms, .. }
+            | Input::Withheld { now_ms }
             | Input::Fleet { now_ms, .. } => self.now_ms = self.now_ms.max(*now_ms),
             Input::Batch { .. } => {}
         }
@@ -425,8 +457,13 @@ impl Machine {
                 pending,
                 flush_at,
                 critical,
+                discard_owed,
             } => {
                 self.critical = critical;
+                self.discard_owed = discard_owed && self.consent == Consent::Denied;
+                if self.discard_owed {
+                    self.retry_discard(now_ms);
+                }
                 self.tick(now_ms, wall_ms, pending, flush_at)
             }
             Input::Fleet {
@@ -439,6 +476,7 @@ impl Machine {
                     self.hold_until_ms = Some(now_ms + ms.min(self.policy.retry_after_cap_ms));
                 }
             }
+            Input::Withheld { .. } => self.withheld(),
             Input::Batch { events, wall_ms } => self.batch(events, wall_ms),
             Input::Answer {
                 now_ms,
@@ -473,6 +511,7 @@ impl Machine {
         let next_attempt = match &self.mode {
             Mode::RetryWait { deadline_ms, .. } => Some(*deadline_ms),
             Mode::WaitingForUser { probe_at_ms, .. } => Some(*probe_at_ms),
+            Mode::Idle | Mode::Draining => self.hold(now),
             _ => None,
         };
         let drained = std::mem::take(&mut self.drained);
@@ -533,6 +572,10 @@ impl Machine {
 
     fn tick(&mut self, now: u64, wall_ms: i64, pending: u64, flush_at_reached: bool) {
         match self.mode.clone() {
+            Mode::Disabled if self.discard_owed => {
+                let retry = self.discard_retry_ms;
+                self.rest(DeliveryState::Disabled, Some(retry))
+            }
             Mode::Disabled => self.rest(DeliveryState::Disabled, None),
             Mode::Offline => self.rest(DeliveryState::Offline, None),
             Mode::Deferred { reason } => self.rest(DeliveryState::Deferred { reason }, None),
@@ -565,7 +608,7 @@ impl Machine {
                     until_ms: Some(probe_at_ms),
                 });
             }
-            Mode::Idle | Mode::Draining if self.held(now) => {}
+            Mode::Draining if self.hold(now).is_some() => self.rest_held(now, pending),
             Mode::Idle => {
                 let flush_at = !self.suppress_flush_at && flush_at_reached;
                 let periodic = now >= self.next_periodic_ms;
@@ -576,6 +619,12 @@ impl Machine {
                     pending > 0 && (flush_at || periodic || drain_open || self.critical);
                 let report_alone = !events_due && self.report_due && periodic;
                 if drain_open || events_due || report_alone {
+                    if self.hold(now).is_some() {
+                        // Not started: `flush_at` stays unseen, so the drain starts once the
+                        // hold ends.
+                        self.rest_held(now, pending);
+                        return;
+                    }
                     // With no event to carry it, the report goes alone (see `batch`).
                     self.report_only = report_alone;
                     self.start_drain(now);
@@ -620,22 +669,6 @@ impl Machine {
         }
     }
 
-    /// While a collector's `pause_until` holds, the machine rests `Idle` until it ends (a batch
-    /// already split keeps its place in the work and goes after). Returns whether it rests.
-    fn held(&mut self, now: u64) -> bool {
-        match self.hold_until_ms {
-            Some(until) if now < until => {
-                self.rest(DeliveryState::Idle, Some(until));
-                true
-            }
-            Some(_) => {
-                self.hold_until_ms = None;
-                false
-            }
-            None => false,
-        }
-    }
-
     fn start_drain(&mut self, now: u64) {
         self.mode = Mode::Draining;
         self.suppress_flush_at = false;
@@ -651,6 +684,7 @@ impl Machine {
             return;
         }
         self.online = c.online;
+        self.manual_now = c.retry_now;
         for d in &c.drains {
             if !self.drains.iter().any(|open| open.id == d.id) {
                 self.drains.push(*d);
@@ -661,6 +695,12 @@ impl Machine {
         if let Some((reason, _)) = &self.pause
             && (c.resume || (c.api_key_changed && *reason == PauseReason::Auth))
         {
+            if *reason == PauseReason::Config {
+                // The operator changed something (the endpoint, the proxy): what 413s taught
+                // about sizes may no longer hold, and a proxy that still refuses every body
+                // pauses again after a few requests (see `lone_refusal`).
+                self.size_limit = SizeLimit::new(self.policy.max_batch_bytes);
+            }
             self.pause = None;
             if matches!(self.mode, Mode::Paused { .. }) {
                 self.resume_sending(now);
@@ -672,6 +712,7 @@ impl Machine {
             if c.consent_changed && c.consent == Consent::Denied {
                 // After the release: what came back from the batch in flight goes too.
                 self.out.push(Action::DiscardForConsent);
+                self.discard_retry_ms = now + DISCARD_RETRY_MS;
             }
             let granted_now = c.consent_changed
                 && c.consent == Consent::Granted
@@ -982,21 +1023,40 @@ impl Machine {
         if matches!(outcome, Outcome::Delivered | Outcome::Partial { .. }) {
             self.size_limit.accepted(batch.body_bytes);
         }
+        match &outcome {
+            Outcome::Transient {
+                retry_after_ms: Some(asked),
+                ..
+            } => {
+                self.not_before_ms = Some(now + (*asked).min(self.policy.retry_after_cap_ms));
+            }
+            // The server answered without asking for time: whatever it asked before is over.
+            Outcome::Transient { .. } | Outcome::CutShort { .. } => {}
+            _ => self.not_before_ms = None,
+        }
         if matches!(outcome, Outcome::Delivered | Outcome::Partial { .. })
             && let Some(split) = &mut self.split
         {
             for held in split.accepted() {
-                self.quarantine_batch(held.batch, reason::BAD_REQUEST, held.detail, held.status);
+                self.quarantine_batch(held.batch, held.reason, held.detail, held.status);
             }
         }
         match outcome {
             Outcome::Delivered => self.delivered(batch.events),
             Outcome::Partial { rejected } => {
                 let status = Some(200);
+                // Compared as UUIDs: a collector's other spelling of an id must not make its
+                // event look delivered.
+                let unmatched = rejected
+                    .iter()
+                    .filter(|r| !batch.events.iter().any(|(e, _)| r.id == Some(e.id.0)))
+                    .count() as u64;
+                if unmatched > 0 {
+                    self.out.push(Action::UnmatchedRejections(unmatched));
+                }
                 let mut good = Vec::new();
                 for (event, from_store) in batch.events {
-                    let id = event.id.to_string();
-                    let Some(rejection) = rejected.iter().find(|r| r.event_id == id) else {
+                    let Some(rejection) = rejected.iter().find(|r| r.id == Some(event.id.0)) else {
                         good.push((event, from_store));
                         continue;
                     };
@@ -1025,9 +1085,9 @@ impl Machine {
                     self.resend_in_halves(batch);
                 } else if too_large {
                     self.size_limit.refused(batch.body_bytes);
-                    self.quarantine_batch(batch, reason::TOO_LARGE, detail, status);
+                    self.lone_refusal(batch, status, reason::TOO_LARGE, detail);
                 } else {
-                    self.lone_refusal(batch, status, detail);
+                    self.lone_refusal(batch, status, reason::BAD_REQUEST, detail);
                 }
             }
             Outcome::CutShort { failure } => {
@@ -1056,17 +1116,19 @@ impl Machine {
             && let Some(split) = self.split.take()
         {
             for held in split.finish() {
-                self.quarantine_batch(held.batch, reason::BAD_REQUEST, held.detail, held.status);
+                self.quarantine_batch(held.batch, held.reason, held.detail, held.status);
             }
         }
     }
 
-    /// A lone event refused with 400/422: quarantined, unless the split it came from has had
-    /// no request accepted, which may mean the collector (or a proxy) refuses the request.
-    fn lone_refusal(&mut self, batch: Batch, status: u16, detail: String) {
+    /// A lone event refused with 400/422 (`why` is `bad_request`) or 413 (`too_large`):
+    /// quarantined, unless the split it came from has had no request accepted, which may mean
+    /// the collector (or a proxy) refuses the request, or every body, whatever its events.
+    fn lone_refusal(&mut self, batch: Batch, status: u16, why: &'static str, detail: String) {
         let refused = Refused {
             batch,
             status,
+            reason: why,
             detail,
         };
         let verdict = match &mut self.split {
@@ -1075,16 +1137,21 @@ impl Machine {
         };
         match verdict {
             LoneRefusal::Quarantine(r) => {
-                self.quarantine_batch(r.batch, reason::BAD_REQUEST, r.detail, r.status)
+                self.quarantine_batch(r.batch, r.reason, r.detail, r.status)
             }
             LoneRefusal::Held => {}
             LoneRefusal::RequestRefused(all) => {
                 let events = self.split.as_ref().map_or(0, Split::events);
+                let what = if why == reason::TOO_LARGE {
+                    "every body is refused as too large, down to a single event"
+                } else {
+                    "the request is refused, not its events"
+                };
                 let failure = Failure {
                     status: Some(status),
                     message: format!(
-                        "the request is refused, not its events: a batch of {events} split to \
-                         single events, none accepted; nothing quarantined (collector: {})",
+                        "{what}: a batch of {events} split to single events, none accepted; \
+                         nothing quarantined (collector: {})",
                         all.last().map_or(String::new(), |r| {
                             crate::classify::status_text(status, r.detail.as_bytes())
                         })
@@ -1134,6 +1201,10 @@ impl Machine {
         if batch.events.len() > 1 {
             self.isolation.get_or_insert(self.answers);
             self.resend_in_halves(batch);
+            if self.probing.is_some() {
+                // One probe is one request: the halves wait for the next slot.
+                self.transient(failure.clone(), retry_after_ms, now);
+            }
             return None;
         }
         if self.isolation.is_some_and(|mark| self.answers > mark) {
@@ -1146,6 +1217,10 @@ impl Machine {
                 None,
                 batch.attempts,
             );
+            if self.probing.is_some() {
+                // The probe got no answer: the next request waits for the next slot.
+                self.transient(failure.clone(), retry_after_ms, now);
+            }
             return None;
         }
         self.isolation = Some(self.answers);
@@ -1251,10 +1326,12 @@ impl Machine {
             self.policy.probe_cap_ms,
             self.jitter.unit(),
         );
+        // Never before a server's `Retry-After`: the probe is an automatic request too.
+        let probe_at_ms = (now + delay).max(self.not_before_ms.unwrap_or(0));
         Mode::WaitingForUser {
             attempts,
             failure,
-            probe_at_ms: now + delay,
+            probe_at_ms,
         }
     }
 
@@ -1287,5 +1364,6 @@ impl Machine {
     }
 }
 
+mod holds;
 #[cfg(test)]
 mod tests;

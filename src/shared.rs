@@ -121,6 +121,15 @@ pub struct Shared {
     /// An atomic, not a lock: every `track()` reads it ([`crate::Consent::to_u8`]).
     pub consent: std::sync::atomic::AtomicU8,
     pub enabled: AtomicBool,
+    /// Between the app's "no" and the worker's send (README §Consent): `set_consent` and
+    /// `set_enabled` change the flags above under the write side, the worker checks them and
+    /// starts its request under the read side ([`Shared::delivery_allowed`]). So once either verb
+    /// has returned, no request starts, even one whose batch was already taken; a request
+    /// already on the wire may finish. Held for microseconds, never across an `await`.
+    pub send_gate: parking_lot::RwLock<()>,
+    /// A denial's deletion has not finished (a store error, a reader holding the WAL): nothing
+    /// is sent, the worker tries again, and a new grant first finishes it.
+    pub discard_owed: AtomicBool,
     pub state: Mutex<StateCell>,
     pub state_changed: Condvar,
     pub observers: Arc<Observers>,
@@ -168,7 +177,18 @@ impl Shared {
         let mut stats = self.counters.snapshot();
         self.queue.fill_stats(&mut stats);
         (stats.directives_applied, stats.directives_ignored) = self.fleet.directive_counts();
+        stats.directive = self
+            .fleet
+            .in_force(self.clock.now_ms(), self.clock.wall_ms());
         stats
+    }
+
+    /// Whether a request may start now: consent granted and not opted out. Read under
+    /// [`Shared::send_gate`] by the one place that starts requests (the worker).
+    pub fn delivery_allowed(&self) -> bool {
+        self.enabled.load(Ordering::SeqCst)
+            && crate::Consent::from_u8(self.consent.load(Ordering::SeqCst))
+                == crate::Consent::Granted
     }
 
     pub fn control(&self, f: impl FnOnce(&mut Control)) {

@@ -92,6 +92,13 @@ impl<T> Split<T> {
     }
 }
 
+/// The smallest body size 413s may teach (or `max_batch_bytes`, if smaller): below it a 413 is
+/// not a size limit any real proxy has (nginx's `client_max_body_size` is counted in KiB and
+/// defaults to a MiB), but a proxy or a collector refusing every body, which the split shows
+/// and pauses on (see [`Split`]), instead of a limit that falls to a few bytes and sends every
+/// event alone.
+pub const MIN_LEARNED_BYTES: u64 = 1024;
+
 /// Accepted batches at the remembered size before it may grow by an eighth.
 pub const GROW_AFTER_ACCEPTED: u32 = 16;
 /// The longest wait between growth steps, in accepted batches: a limit that has been found
@@ -103,7 +110,8 @@ pub const MAX_GROW_AFTER_ACCEPTED: u32 = 1024;
 ///
 /// The rule, in the spirit of SDKs that halve their batch cap on a 413 and keep it:
 /// - a 413 for a body of `b` bytes sets the limit to the largest body accepted since, if it is
-///   smaller than `b`, else to `b / 2` (the split halves are that size);
+///   smaller than `b`, else to `b / 2` (the split halves are that size), never below
+///   [`MIN_LEARNED_BYTES`];
 /// - every [`GROW_AFTER_ACCEPTED`] accepted batches of at least half the limit let it grow by an
 ///   eighth, up to `max_batch_bytes` again (then it is forgotten);
 /// - a 413 after such a growth step doubles the number of accepted batches the next step waits
@@ -157,11 +165,12 @@ impl SizeLimit {
                 .saturating_mul(2)
                 .min(MAX_GROW_AFTER_ACCEPTED);
         }
-        self.limit = if self.accepted_max > 0 {
+        let learned = if self.accepted_max > 0 {
             self.accepted_max
         } else {
-            (body_bytes / 2).max(1)
+            body_bytes / 2
         };
+        self.limit = learned.max(MIN_LEARNED_BYTES.min(self.configured)).max(1);
         self.streak = 0;
     }
 

@@ -150,7 +150,7 @@ impl EventSpool {
         let counters = Ledger::default();
         let deferred_notices = Arc::new(Mutex::new(Vec::new()));
         let params = QueueParams::of(&config);
-        let (queue, restored, next_seq, recovered) = match &config.db_path {
+        let (queue, restored, next_seq, recovered, unfinished_denial) = match &config.db_path {
             Some(path) => {
                 let opened = Queue::open(
                     path,
@@ -165,6 +165,7 @@ impl EventSpool {
                     opened.restored,
                     opened.next_seq,
                     opened.recovered,
+                    opened.unfinished_denial,
                 )
             }
             None => (
@@ -172,14 +173,9 @@ impl EventSpool {
                 0,
                 1,
                 None,
+                None,
             ),
         };
-        let fleet = Fleet::load(
-            &queue,
-            config.directives,
-            config.retry_after_cap_ms,
-            clock.wall_ms(),
-        );
         // What the app last decided outlives a restart; the config only says where a store
         // without a record (or a memory-only spool) starts, and that start is recorded at once:
         // events kept under `pending` are never sent because a later config says `granted`,
@@ -191,6 +187,25 @@ impl EventSpool {
                 config.consent
             }
         };
+        // The opt-out likewise, except that either word opts out: the app's own record passed
+        // as `enabled = false` opens the spool disabled whatever the store says.
+        let enabled = match queue.stored_enabled()? {
+            Some(recorded) => recorded && config.enabled,
+            None => {
+                queue.store_enabled(config.enabled)?;
+                config.enabled
+            }
+        };
+        if let Some(e) = &unfinished_denial {
+            tracing::error!(error = %e, "the recorded denial's deletion did not finish at open; retrying");
+        }
+        let fleet = Fleet::load(
+            &queue,
+            config.directives,
+            config.retry_after_cap_ms,
+            (clock.wall_ms(), clock.now_ms()),
+            consent,
+        );
         let (shutdown, _) = tokio::sync::watch::channel(false);
         let shared = Arc::new(Shared {
             fleet,
@@ -203,15 +218,19 @@ impl EventSpool {
             control: Mutex::new(Control {
                 online: b.online,
                 consent,
+                enabled,
                 ..Control::default()
             }),
             wake: tokio::sync::Notify::new(),
             flush_at_reached: AtomicBool::new(false),
             critical_waiting: AtomicBool::new(false),
             consent: std::sync::atomic::AtomicU8::new(consent.to_u8()),
-            enabled: AtomicBool::new(true),
+            enabled: AtomicBool::new(enabled),
+            send_gate: parking_lot::RwLock::new(()),
+            discard_owed: AtomicBool::new(unfinished_denial.is_some()),
             state: Mutex::new(StateCell {
                 state: match consent {
+                    _ if !enabled => DeliveryState::Disabled,
                     Consent::Denied => DeliveryState::Disabled,
                     Consent::Pending => DeliveryState::Deferred {
                         reason: DeferReason::Consent,
@@ -326,8 +345,13 @@ impl EventSpool {
             self.check_accepting()?;
             let queued = self.prepare(event)?;
             let id = queued.id;
-            if !self.screen(event.name)? {
-                return Ok(id);
+            match self.screen(event.name, critical) {
+                Screen::Keep => {}
+                Screen::Sampled => {
+                    self.shared().counters.drop(DropReason::Sampled, 1);
+                    return Ok(id);
+                }
+                Screen::NameDropped => return Err(self.name_dropped(event.name)),
             }
             self.accept(std::iter::once(queued), 1, critical)
                 .map(|()| id)
@@ -368,14 +392,32 @@ impl EventSpool {
             })
             .collect::<Result<Vec<_>>>()?;
         let ids: Vec<EventId> = prepared.iter().map(|q| q.id).collect();
-        // The collector's directives leave some out (counted); the batch is still all or none
-        // for what the app can get wrong.
-        let prepared: Vec<QueuedEvent> = prepared
-            .into_iter()
-            .zip(events)
-            .filter(|(_, e)| self.screen(&e.name).unwrap_or(false))
-            .map(|(q, _)| q)
-            .collect();
+        // The collector's directives, by the rule `track()` follows: a refused name refuses the
+        // call (here the whole batch, naming the event), a sampled event is left out. What is
+        // left out is counted only once the batch is recorded: a refused batch records nothing,
+        // and its retry must not count the same events twice.
+        let mut kept = Vec::with_capacity(prepared.len());
+        let mut sampled = 0;
+        for (i, (queued, event)) in prepared.into_iter().zip(events).enumerate() {
+            match self.screen(&event.name, queued.critical) {
+                Screen::Keep => kept.push(queued),
+                Screen::Sampled => sampled += 1,
+                Screen::NameDropped => {
+                    let refused = self.name_dropped(&event.name);
+                    return Err(Error::InvalidEvent(format!("event {}: {refused}", i + 1)));
+                }
+            }
+        }
+        let recorded = self.record_batch(kept);
+        if !matches!(recorded, Err(Error::BatchRefused(_))) {
+            self.shared().counters.drop(DropReason::Sampled, sampled);
+        }
+        recorded.map(|()| ids)
+    }
+
+    /// Records what a `track_batch` kept, all or none (`BatchRefused`).
+    fn record_batch(&self, prepared: Vec<QueuedEvent>) -> Result<()> {
+        let ids: Vec<EventId> = prepared.iter().map(|q| q.id).collect();
         let n = prepared.len() as u64;
         let s = self.shared();
         // A batch holding a critical event is committed whole before the call returns.
@@ -384,7 +426,7 @@ impl EventSpool {
             if s.queue.has_store() {
                 let first = s.queue.push_batch_spilling(prepared)?;
                 self.wake_if_due(first);
-                return Ok(ids);
+                return Ok(());
             }
             if n > s.config.memory_capacity {
                 return Err(Error::BatchRefused(format!(
@@ -394,34 +436,27 @@ impl EventSpool {
                 )));
             }
         }
-        match self.accept(prepared, n, critical) {
-            Ok(()) => Ok(ids),
-            Err(reason) => Err(Error::NotDurable {
+        self.accept(prepared, n, critical)
+            .map_err(|reason| Error::NotDurable {
                 event_ids: ids,
                 reason,
-            }),
-        }
+            })
     }
 
-    /// Whether an event named `name` is kept under the collector's directive in force
-    /// (src/fleet): `Ok(false)` when `sample_rate` leaves it out, an error when `drop_names`
-    /// refuses it; both counted.
-    fn screen(&self, name: &str) -> Result<bool> {
+    /// What the collector's directive in force (src/fleet) says of a new event named `name`;
+    /// the critical lane is always kept. Counts nothing: the callers count what they record.
+    fn screen(&self, name: &str, critical: bool) -> Screen {
         let s = self.shared();
-        match s.fleet.screen(name, || s.clock.wall_ms()) {
-            Screen::Keep => Ok(true),
-            Screen::Sampled => {
-                s.counters.drop(DropReason::Sampled, 1);
-                Ok(false)
-            }
-            Screen::NameDropped => {
-                s.counters.drop(DropReason::NameDropped, 1);
-                Err(Error::InvalidEvent(format!(
-                    "name {:?} is refused by the collector's drop_names directive",
-                    event::truncate(name, 64)
-                )))
-            }
-        }
+        s.fleet.screen(name, critical, || s.clock.now_ms())
+    }
+
+    /// A name `drop_names` refuses, counted (one refusal per call): the error `track()` gives.
+    fn name_dropped(&self, name: &str) -> Error {
+        self.shared().counters.drop(DropReason::NameDropped, 1);
+        Error::InvalidEvent(format!(
+            "name {:?} is refused by the collector's drop_names directive",
+            event::truncate(name, 64)
+        ))
     }
 
     fn check_accepting(&self) -> Result<()> {
@@ -609,46 +644,95 @@ impl EventSpool {
     }
 
     /// Opt-out: `false` stops delivery and makes `track()` return [`Error::Disabled`]; what is
-    /// queued stays until [`EventSpool::purge_pending`] or `set_enabled(true)`.
-    pub fn set_enabled(&self, enabled: bool) {
-        self.shared().enabled.store(enabled, Ordering::SeqCst);
-        self.shared().control(|c| {
+    /// queued stays until [`EventSpool::purge_pending`] or `set_enabled(true)`. Once it has
+    /// returned `false`, no request starts (one already on the wire may finish). Recorded in the
+    /// store before it returns, so the spool opens disabled after a restart (README §Consent);
+    /// an error says the record could not be written, and nothing changed.
+    pub fn set_enabled(&self, enabled: bool) -> Result<()> {
+        if self.handle.closed.load(Ordering::Relaxed) {
+            return Err(Error::ShutDown);
+        }
+        let _one_at_a_time = lock(&self.handle.consent_verb);
+        let s = self.shared();
+        s.queue.store_enabled(enabled)?;
+        // Flag and control together under the gate: a send the worker has not started yet
+        // sees `false` and is withheld (README §Consent).
+        let _gate = s.send_gate.write();
+        s.enabled.store(enabled, Ordering::SeqCst);
+        s.control(|c| {
             if c.enabled != enabled {
                 c.enabled = enabled;
                 c.enabled_changed = true;
             }
         });
+        Ok(())
     }
 
     /// Tracking consent (README §Consent). `Pending`: events are recorded and stored, nothing
     /// is sent (state `Deferred{Consent}`). `Granted`: the backlog and everything after are
-    /// sent. `Denied`: everything kept for the user (queue and quarantine) is deleted, counted
-    /// `consent_denied`, never sent, and `track()` returns [`Error::ConsentDenied`]; a batch
-    /// already in flight was sent under the consent before. The state is recorded in the store
-    /// before this returns, so it holds after a restart (a memory-only spool starts from the
-    /// `consent` setting at each open). When it returns `Ok` after `Denied`, no event a
-    /// `track()` returned `Ok` for is left queued (except a batch in flight, whose events the
-    /// worker deletes if they come back unanswered).
+    /// sent. `Denied`: everything kept for the user (queue, quarantine, waiting client reports,
+    /// the install id) is deleted, counted `consent_denied`, never sent, and `track()` returns
+    /// [`Error::ConsentDenied`]. Once it has returned anything but `Granted`, no request starts
+    /// (one already on the wire may finish, and if its events come back unanswered they are
+    /// deleted too). The state is recorded in the store before anything else, so it holds after a
+    /// restart, and an open whose record says `denied` finishes the deletion first (a memory-only
+    /// spool starts from the `consent` setting at each open).
+    ///
+    /// After `Denied`, `Ok` means no event a `track()` returned `Ok` for is left queued (except
+    /// a batch on the wire) and the file keeps none of their bytes. [`Error::WipeIncomplete`]
+    /// means the denial is recorded and in force but the deletion did not finish (a store error,
+    /// or a reader holding the WAL); it is retried in the background, and a later `Granted` or
+    /// `Pending` first finishes it (returning that error, with nothing changed, if it still
+    /// cannot).
     pub fn set_consent(&self, consent: Consent) -> Result<()> {
         if self.handle.closed.load(Ordering::Relaxed) {
             return Err(Error::ShutDown);
         }
         let _one_at_a_time = lock(&self.handle.consent_verb);
         let s = self.shared();
-        s.queue.store_consent(consent)?;
-        s.consent.store(consent.to_u8(), Ordering::SeqCst);
-        if consent == Consent::Denied {
-            // Waits for the track() calls already past their consent check, so their events
-            // are queued before the discard below; every later call sees `Denied`.
-            drop(self.handle.admission.write());
-            s.queue.discard_for_consent()?;
+        if consent != Consent::Denied && s.discard_owed.load(Ordering::SeqCst) {
+            // Nothing the last denial covered may go out under a new answer.
+            s.queue
+                .discard_for_consent(crate::queue::WAL_TRUNCATE_BOUND)
+                .map_err(|e| Error::WipeIncomplete(e.to_string()))?;
+            s.discard_owed.store(false, Ordering::SeqCst);
         }
-        s.control(|c| {
-            if c.consent != consent {
-                c.consent = consent;
-                c.consent_changed = true;
+        s.queue.store_consent(consent)?;
+        #[cfg(feature = "test-util")]
+        if consent == Consent::Denied {
+            crate::testing::denial_recorded();
+        }
+        {
+            // Flag and control together under the gate: a send the worker has not started yet
+            // sees the new consent and is withheld, and the worker is told before anything
+            // below can fail.
+            let _gate = s.send_gate.write();
+            s.consent.store(consent.to_u8(), Ordering::SeqCst);
+            s.control(|c| {
+                if c.consent != consent {
+                    c.consent = consent;
+                    c.consent_changed = true;
+                }
+            });
+        }
+        match consent {
+            Consent::Denied => {
+                // Waits for the track() calls already past their consent check, so their
+                // events are queued before the discard below; every later call sees `Denied`.
+                drop(self.handle.admission.write());
+                s.fleet.forget_install(&s.full_stats());
+                if let Err(e) = s
+                    .queue
+                    .discard_for_consent(crate::queue::WAL_TRUNCATE_BOUND)
+                {
+                    s.discard_owed.store(true, Ordering::SeqCst);
+                    s.wake.notify_one();
+                    return Err(Error::WipeIncomplete(e.to_string()));
+                }
             }
-        });
+            Consent::Granted => s.fleet.ensure_install(&s.queue, &s.full_stats()),
+            Consent::Pending => {}
+        }
         Ok(())
     }
 
@@ -683,10 +767,27 @@ impl EventSpool {
         s.full_stats()
     }
 
-    /// The random id this install reports under (made once, kept in the store; a memory-only
-    /// spool makes a new one each time it opens). It names the install, nothing else.
-    pub fn install_id(&self) -> String {
-        self.shared().fleet.install_id().to_string()
+    /// The random id this install reports under (128 bits from the OS's generator, made once
+    /// and kept in the store; a memory-only spool makes a new one each time it opens). It names
+    /// the install, nothing else. `None` while consent is denied: a denial deletes it, and the
+    /// next grant makes a new one, so reports from before and after cannot be linked.
+    pub fn install_id(&self) -> Option<String> {
+        self.shared().fleet.install_id()
+    }
+
+    /// Ends the collector's directive in force ([`Stats::directive`]): its `sample_rate`,
+    /// `drop_names` and `pause_until` stop holding now (its one-shot actions already ran and are
+    /// not run again; a collector that sends it again starts it again). Returns whether one was
+    /// in force. To refuse directives for good, set `directives = false`.
+    pub fn clear_directive(&self) -> Result<bool> {
+        if self.handle.closed.load(Ordering::Relaxed) {
+            return Err(Error::ShutDown);
+        }
+        let s = self.shared();
+        let was = s.fleet.clear(&s.queue, s.clock.now_ms());
+        // The worker learns the pause ended at its next turn.
+        s.wake.notify_one();
+        Ok(was)
     }
 
     /// Waits (real time) until `done` holds for the current state or for one published while
@@ -826,6 +927,7 @@ impl Handle {
         let result = s.persist().map(|_| ());
         // What changed since the last client report is kept as one more, sent after a restart.
         s.fleet.cut(&s.queue, &s.full_stats());
+        s.fleet.save_clock(&s.queue, s.clock.now_ms());
         s.queue.stop_spiller();
         // Not from the worker's thread, nor from the spill thread itself (an observer told of a
         // refused spill calls shutdown() there): it ends once the callback returns.

@@ -46,6 +46,10 @@ pub enum DeferReason {
     BatteryLow,
     /// Tracking consent is `pending`: events are kept, nothing is sent until it is granted.
     Consent,
+    /// The collector asked for no request before a time: a `pause_until` directive, or a
+    /// server's `Retry-After` that outlives the episode it came in (docs/delivery.md §Retry).
+    /// Delivery resumes by itself then; [`DrainOutcome::RetryAfter`] says when.
+    Collector,
 }
 
 impl DeferReason {
@@ -55,6 +59,7 @@ impl DeferReason {
             DeferReason::LowPower => "low_power",
             DeferReason::BatteryLow => "battery_low",
             DeferReason::Consent => "consent",
+            DeferReason::Collector => "collector",
         }
     }
 
@@ -65,6 +70,7 @@ impl DeferReason {
             DeferReason::LowPower => "power saving",
             DeferReason::BatteryLow => "battery low",
             DeferReason::Consent => "consent",
+            DeferReason::Collector => "the collector asked for a pause",
         }
     }
 }
@@ -195,13 +201,25 @@ impl std::fmt::Display for DeliveryStatus {
                 retry_in_ms.div_ceil(1000),
                 self.pending
             ),
+            // No automatic retry fitted the budget at all (a `Retry-After` past it, or
+            // `max_auto_attempts = 0`): "gave up after 0 attempts" would misstate it.
+            DeliveryState::WaitingForUser {
+                attempts: 0,
+                last_error,
+                ..
+            } => write!(
+                f,
+                "not retrying automatically ({last_error}), waiting for retry, {} pending",
+                self.pending
+            ),
             DeliveryState::WaitingForUser {
                 attempts,
                 last_error,
                 ..
             } => write!(
                 f,
-                "gave up after {attempts} attempts ({last_error}), waiting for retry, {} pending",
+                "gave up after {attempts} attempt{} ({last_error}), waiting for retry, {} pending",
+                if *attempts == 1 { "" } else { "s" },
                 self.pending
             ),
             DeliveryState::Offline => write!(f, "offline, {} pending", self.pending),

@@ -100,11 +100,42 @@ pub struct Stats {
     pub stores_recovered: u64,
     /// Panics caught inside background tasks or observers.
     pub panics: u64,
+    /// Ids a collector's 2xx listed as `rejected` that name no event of the batch it answers
+    /// (compared as UUIDs, whatever their spelling): a collector bug worth a look, never
+    /// taken for one of the batch's events.
+    pub rejections_unmatched: u64,
     /// Collector directives taken, and directive fields ignored (malformed, unknown, expired,
     /// or turned off with `directives = false`); see docs/protocol.md §Directives.
     pub directives_applied: u64,
     pub directives_ignored: u64,
+    /// The collector's directive in force now, if any (docs/protocol.md §Directives); the app
+    /// may end it with [`crate::EventSpool::clear_directive`].
+    pub directive: Option<DirectiveInForce>,
 }
+
+/// A collector's directive as it holds on this device now: what it does and when it ends.
+#[derive(Clone, Debug, Default, PartialEq)]
+#[non_exhaustive]
+pub struct DirectiveInForce {
+    pub id: String,
+    /// Milliseconds of its life left, counted on the device's monotonic clock from its arrival.
+    pub expires_in_ms: u64,
+    /// The same as a wall-clock estimate (Unix ms), for display.
+    pub expires_at_ms: i64,
+    /// No request before this (Unix ms), already capped at `retry_after_cap_ms`.
+    pub pause_until_ms: Option<i64>,
+    /// (name prefix, fraction kept), longest prefix first; the critical lane is never sampled.
+    pub sample_rate: Vec<(String, f64)>,
+    /// Names `track()` refuses; the critical lane is never refused.
+    pub drop_names: Vec<String>,
+    /// Its one-shot actions (run once per id, when it first arrived).
+    pub redrive: Vec<String>,
+    pub purge_quarantine: Vec<String>,
+}
+
+/// The fractions are checked to lie in [0, 1] when the directive is read, so none is NaN and
+/// equality is an equivalence.
+impl Eq for DirectiveInForce {}
 
 impl Stats {
     pub fn dropped(&self, reason: DropReason) -> u64 {
@@ -173,6 +204,7 @@ pub struct Counters {
     pub store_errors: AtomicU64,
     pub stores_recovered: AtomicU64,
     pub panics: AtomicU64,
+    pub rejections_unmatched: AtomicU64,
     dropped: [AtomicU64; DropReason::ALL.len()],
     /// Shared by moves, exclusive for a snapshot.
     gate: parking_lot::RwLock<()>,
@@ -258,6 +290,7 @@ impl Counters {
             store_errors: get(&self.store_errors),
             stores_recovered: get(&self.stores_recovered),
             panics: get(&self.panics),
+            rejections_unmatched: get(&self.rejections_unmatched),
             ..Stats::default()
         }
     }

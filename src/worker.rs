@@ -7,6 +7,7 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::task::Poll;
 use std::time::{Duration, SystemTime};
 
 use crate::classify::{Outcome, classify};
@@ -17,8 +18,9 @@ use crate::quarantine::{QuarantinedEvent, Selector};
 use crate::shared::{Shared, lock};
 use crate::state::Notice;
 use crate::stats::{DropReason, Exit};
-use crate::transport::{HttpResponse, TransportError};
+use crate::transport::{HttpRequest, HttpResponse, TransportError};
 use crate::wire;
+use futures_util::future::BoxFuture;
 
 struct Worker {
     s: Arc<Shared>,
@@ -71,6 +73,7 @@ impl Worker {
                 pending: self.s.counters.pending(),
                 flush_at: self.s.flush_at_reached.load(Ordering::SeqCst),
                 critical: self.s.critical_waiting.load(Ordering::SeqCst),
+                discard_owed: self.s.discard_owed.load(Ordering::SeqCst),
             };
             let actions = self.machine.feed(tick);
             if !self.perform(actions).await {
@@ -144,6 +147,17 @@ impl Worker {
                     );
                     None
                 }
+                Action::UnmatchedRejections(n) => {
+                    self.s
+                        .counters
+                        .rejections_unmatched
+                        .fetch_add(n, Ordering::Relaxed);
+                    tracing::warn!(
+                        ids = n,
+                        "the collector rejected ids that are in no event of the batch"
+                    );
+                    None
+                }
                 Action::Release(events) => {
                     self.s.queue.release(&events);
                     None
@@ -153,8 +167,14 @@ impl Worker {
                     None
                 }
                 Action::DiscardForConsent => {
-                    if let Err(e) = self.s.queue.discard_for_consent() {
-                        tracing::error!(error = %e, "could not delete the events kept before consent was denied");
+                    // One try at the WAL: the machine asks again if a reader holds it.
+                    match self.s.queue.discard_for_consent(Duration::ZERO) {
+                        Ok(_) => self.s.discard_owed.store(false, Ordering::SeqCst),
+                        Err(e) => {
+                            // Owed: the machine asks again while consent stays denied.
+                            self.s.discard_owed.store(true, Ordering::SeqCst);
+                            tracing::error!(error = %e, "could not delete the events kept before consent was denied; retrying");
+                        }
                     }
                     None
                 }
@@ -220,9 +240,15 @@ impl Worker {
     }
 
     /// Sends the machine's batch in flight; `None` when shutdown interrupted it. Its answer
-    /// becomes the machine's next input.
+    /// becomes the machine's next input: [`Input::Withheld`] when the app said no since the
+    /// batch was taken (see [`Shared::send_gate`]).
     async fn send(&mut self, attempt: u32, wall_ms: i64) -> Option<Input> {
         let s = self.s.clone();
+        if !s.delivery_allowed() {
+            return Some(Input::Withheld {
+                now_ms: s.clock.now_ms(),
+            });
+        }
         self.note_sends(self.machine.in_flight(), SendNote::Sending);
         // What the ledger says since the last report rides with this request (src/fleet).
         s.fleet.cut(&s.queue, &s.full_stats());
@@ -238,22 +264,31 @@ impl Worker {
         let request =
             wire::batch_request(&s.config, api_key.as_deref(), body, events.len(), attempt);
         let timeout = request.timeout;
-        s.counters.requests.fetch_add(1, Ordering::Relaxed);
         let mut shutdown = s.shutdown.subscribe();
-        let send = tokio::time::timeout(
-            timeout + Duration::from_millis(250),
-            s.transport.send(request),
-        );
-        let result: Result<HttpResponse, TransportError> = tokio::select! {
-            result = send => result.unwrap_or(Err(TransportError::Timeout)),
-            _ = shutdown.wait_for(|stop| *stop) => return None,
+        let result: Result<HttpResponse, TransportError> = match start(&s, request).await {
+            Start::Withheld => {
+                return Some(Input::Withheld {
+                    now_ms: s.clock.now_ms(),
+                });
+            }
+            Start::Answered(result) => result,
+            Start::Started(send) => {
+                let send = tokio::time::timeout(timeout + Duration::from_millis(250), send);
+                tokio::select! {
+                    result = send => result.unwrap_or(Err(TransportError::Timeout)),
+                    _ = shutdown.wait_for(|stop| *stop) => return None,
+                }
+            }
         };
         let now_ms = s.clock.now_ms();
         let outcome = classify(&result, SystemTime::now());
         if let (Ok(response), Outcome::Delivered | Outcome::Partial { .. }) = (&result, &outcome) {
-            let steer = s
-                .fleet
-                .answered(&s.queue, &report_ids, &response.body, s.clock.wall_ms());
+            let steer = s.fleet.answered(
+                &s.queue,
+                &report_ids,
+                &response.body,
+                (s.clock.wall_ms(), s.clock.now_ms()),
+            );
             self.steer(steer);
         }
         Some(Input::Answer {
@@ -348,4 +383,33 @@ impl Worker {
     fn recover_leases(&mut self) {
         self.s.queue.release_all();
     }
+}
+
+/// How a request's start went: withheld (the app said no), or handed to the transport, which
+/// answered at once or is still at it.
+enum Start {
+    Withheld,
+    Answered(Result<HttpResponse, TransportError>),
+    Started(BoxFuture<'static, Result<HttpResponse, TransportError>>),
+}
+
+/// Starts the request under the read side of [`Shared::send_gate`]: the check that consent and
+/// the opt-out allow it and the transport's first step (its first poll, where a transport hands
+/// the request to its HTTP stack) happen while neither `set_consent` nor `set_enabled` can
+/// change them, so once either has returned no request of this spool starts.
+async fn start(s: &Shared, request: HttpRequest) -> Start {
+    let mut request = Some(request);
+    std::future::poll_fn(|cx| {
+        let _gate = s.send_gate.read();
+        let Some(request) = request.take().filter(|_| s.delivery_allowed()) else {
+            return Poll::Ready(Start::Withheld);
+        };
+        s.counters.requests.fetch_add(1, Ordering::Relaxed);
+        let mut send = s.transport.send(request);
+        Poll::Ready(match send.as_mut().poll(cx) {
+            Poll::Ready(result) => Start::Answered(result),
+            Poll::Pending => Start::Started(send),
+        })
+    })
+    .await
 }

@@ -35,8 +35,16 @@ pub const REASONS: [&str; 4] = [
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Directive {
     pub id: String,
-    /// Wall clock, ms.
+    /// Its life from its arrival (`ttl_ms`, capped): counted on the monotonic clock.
+    #[serde(default)]
+    pub ttl_ms: u64,
+    /// Wall clock, ms, as estimated at its arrival: only bounds its life after a restart (see
+    /// [`Directive::left_at_restart`]).
     pub expires_at_ms: i64,
+    /// The life it had left when it was last kept in the store (`None` in a store written
+    /// before it was kept).
+    #[serde(default)]
+    pub left_ms: Option<u64>,
     pub redrive: Vec<String>,
     pub purge_quarantine: Vec<String>,
     /// Wall clock, ms, as the collector asked it.
@@ -63,6 +71,15 @@ impl Directive {
             .iter()
             .find(|(prefix, _)| name.starts_with(prefix.as_str()))
             .map_or(1.0, |(_, rate)| *rate)
+    }
+
+    /// The life it has left when a restart finds it in the store at wall time `wall_ms`: what
+    /// was left when it was kept (the monotonic clock does not survive a restart), and never
+    /// more than its wall-clock end says, so a clock put right in between can only end it
+    /// sooner.
+    pub fn left_at_restart(&self, wall_ms: i64) -> u64 {
+        let by_wall = self.expires_at_ms.saturating_sub(wall_ms).max(0) as u64;
+        self.left_ms.unwrap_or(by_wall).min(by_wall).min(MAX_TTL_MS)
     }
 
     pub fn drops_name(&self, name: &str) -> bool {
@@ -116,6 +133,7 @@ pub fn parse(body: &Value, now_ms: i64) -> Parsed {
     };
     let mut d = Directive {
         id: id.clone(),
+        ttl_ms: ttl,
         expires_at_ms: now_ms.saturating_add(ttl as i64),
         ..Directive::default()
     };
@@ -197,8 +215,9 @@ fn sample_rate(value: &Value) -> Result<Vec<(String, f64)>, String> {
 fn rates(map: &Map<String, Value>) -> Result<Vec<(String, f64)>, String> {
     map.iter()
         .map(|(prefix, rate)| {
-            if prefix.len() > MAX_NAME_BYTES {
-                return Err(format!("a prefix is longer than {MAX_NAME_BYTES} bytes"));
+            if prefix.is_empty() || prefix.len() > MAX_NAME_BYTES {
+                // An empty prefix would match every name.
+                return Err(format!("a prefix must be 1-{MAX_NAME_BYTES} bytes"));
             }
             match rate.as_f64() {
                 Some(r) if (0.0..=1.0).contains(&r) => Ok((prefix.clone(), r)),
@@ -273,5 +292,17 @@ mod tests {
             assert_eq!(p.ignored.len(), 1, "{bad}");
         }
         assert_eq!(parse(&json!({"accepted": 1}), NOW), Parsed::default());
+    }
+
+    /// An empty prefix would match every name: refused as malformed, like a rate out of range.
+    #[test]
+    fn an_empty_sample_prefix_is_malformed() {
+        let p = parse(
+            &json!({"directives": {"id": "x", "sample_rate": {"": 0}}}),
+            NOW,
+        );
+        assert_eq!(p.ignored.len(), 1, "{:?}", p.ignored);
+        assert!(p.ignored[0].contains("sample_rate"), "{:?}", p.ignored);
+        assert!(p.directive.unwrap().sample_rate.is_empty());
     }
 }

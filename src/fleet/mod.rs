@@ -13,9 +13,12 @@
 //! for, and a device's request count stays what its events make it.
 //!
 //! Directives come back in 2xx bodies, checked by [`directive`] and applied here: the one-shot
-//! actions (`redrive`, `purge_quarantine`) once per directive id, the settings (`pause_until`,
-//! `sample_rate`, `drop_names`) until the directive expires. The latest directive replaces the
-//! one in force.
+//! actions (`redrive`, `purge_quarantine`) once per directive id (every id applied is remembered,
+//! not only the last, so ids that alternate cannot loop dead letters through redrives), the
+//! settings (`pause_until`, `sample_rate`, `drop_names`) until the directive expires, counted on
+//! the device's monotonic clock from its arrival (a wall clock that was wrong then cannot
+//! stretch it). The settings never touch the critical lane. The latest directive replaces the
+//! one in force; the app sees it in [`Stats::directive`] and may end it.
 
 pub mod directive;
 pub mod report;
@@ -28,7 +31,7 @@ use serde_json::Value;
 
 use crate::queue::Queue;
 use crate::shared::lock;
-use crate::stats::Stats;
+use crate::stats::{DirectiveInForce, Stats};
 use directive::Directive;
 use report::Tally;
 
@@ -49,11 +52,18 @@ pub fn report_room(room: u64) -> u64 {
 
 /// Names in the store's `fleet` table.
 mod key {
-    pub const INSTALL_ID: &str = "install_id";
+    pub const INSTALL_ID: &str = crate::queue::INSTALL_ID_NAME;
     pub const NEXT_REPORT: &str = "next_report";
     pub const DIRECTIVE: &str = "directive";
     pub const APPLIED: &str = "applied";
 }
+
+/// Directive ids whose one-shot actions ran that are remembered at most: past it the one that
+/// would be forgotten soonest goes first. A collector needs far fewer.
+pub const MAX_APPLIED_IDS: usize = 64;
+/// How long an applied id is remembered: the longest any directive may live, so an id repeated
+/// by a collector as long as its directive can hold is never run twice.
+pub const APPLIED_MEMORY_MS: u64 = directive::MAX_TTL_MS;
 
 /// What `track()` does with a new event under the directive in force.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -73,7 +83,9 @@ pub struct Steer {
 }
 
 pub struct Fleet {
-    install_id: String,
+    /// `None` while consent is denied: a denial deletes it (README §Consent), and a new grant
+    /// makes a new one, so reports from before and after cannot be linked.
+    install_id: Mutex<Option<String>>,
     directives_on: bool,
     /// `retry_after_cap_ms`: the longest a `pause_until` holds.
     pause_cap_ms: u64,
@@ -94,10 +106,16 @@ struct Inner {
     /// A 2xx said `"reports_alone": true`: a lone report may go with a periodic flush.
     lone_reports: bool,
     directive: Option<Directive>,
-    /// The id whose one-shot actions ran (persisted, so a restart does not run them again).
-    applied: Option<String>,
+    /// When the directive in force ends, on the monotonic clock (its `ttl_ms` from its arrival;
+    /// kept in the store as the time left).
+    expires_mono_ms: u64,
+    /// The ids whose one-shot actions ran, each with when it is forgotten (monotonic), at most
+    /// [`MAX_APPLIED_IDS`]; persisted as the time left, so a restart does not run them again.
+    applied: Vec<(String, u64)>,
     /// A pause the machine has not been told yet (wall ms).
     pause_untold: Option<i64>,
+    /// The app ended the directive in force: the machine is told its pause is over.
+    pause_ended: bool,
     sample_rng: Option<fastrand::Rng>,
     applied_count: u64,
     ignored_count: u64,
@@ -105,8 +123,14 @@ struct Inner {
 
 impl Fleet {
     /// Reads what the store keeps (install id, waiting reports, directive in force), making the
-    /// install id on first use.
-    pub fn load(queue: &Queue, directives_on: bool, pause_cap_ms: u64, wall_ms: i64) -> Fleet {
+    /// install id on first use unless consent is `denied`.
+    pub fn load(
+        queue: &Queue,
+        directives_on: bool,
+        pause_cap_ms: u64,
+        (wall_ms, now_ms): (i64, u64),
+        consent: crate::Consent,
+    ) -> Fleet {
         let get = |name| {
             queue.fleet_get(name).unwrap_or_else(|e| {
                 tracing::warn!(error = %e, name, "could not read the fleet table");
@@ -114,14 +138,9 @@ impl Fleet {
             })
         };
         let install_id = match get(key::INSTALL_ID) {
-            Some(id) => id,
-            None => {
-                let id = new_install_id();
-                if let Err(e) = queue.fleet_put(key::INSTALL_ID, &id) {
-                    tracing::warn!(error = %e, "could not keep the install id");
-                }
-                id
-            }
+            _ if consent == crate::Consent::Denied => None,
+            Some(id) => Some(id),
+            None => new_install_id(queue),
         };
         let waiting = queue.reports().unwrap_or_default();
         let next_report = get(key::NEXT_REPORT)
@@ -130,13 +149,25 @@ impl Fleet {
             .max(waiting.last().map_or(1, |(id, _)| id + 1));
         let directive = get(key::DIRECTIVE)
             .and_then(|d| serde_json::from_str::<Directive>(&d).ok())
-            .filter(|d| directives_on && d.expires_at_ms > wall_ms);
+            .filter(|_| directives_on)
+            .map(|d| {
+                let left = d.left_at_restart(wall_ms);
+                (d, now_ms + left)
+            })
+            .filter(|(_, until)| *until > now_ms);
         let pause_untold = directive
             .as_ref()
-            .and_then(|d| d.pause_until_ms)
+            .and_then(|(d, _)| d.pause_until_ms)
             .filter(|at| *at > wall_ms);
+        let applied = get(key::APPLIED)
+            .map(|kept| applied_from_store(&kept, now_ms))
+            .unwrap_or_default();
+        let (directive, expires_mono_ms) = match directive {
+            Some((d, until)) => (Some(d), until),
+            None => (None, 0),
+        };
         Fleet {
-            install_id,
+            install_id: Mutex::new(install_id),
             directives_on,
             pause_cap_ms,
             steering: AtomicBool::new(directive.is_some()),
@@ -144,15 +175,36 @@ impl Fleet {
                 next_report,
                 waiting,
                 directive,
-                applied: get(key::APPLIED),
+                expires_mono_ms,
+                applied,
                 pause_untold,
                 ..Inner::default()
             }),
         }
     }
 
-    pub fn install_id(&self) -> &str {
-        &self.install_id
+    pub fn install_id(&self) -> Option<String> {
+        lock(&self.install_id).clone()
+    }
+
+    /// Consent denied: the install id and the reports waiting to be sent are forgotten (the
+    /// queue's deletion took them out of the store), and the ledger so far is never reported.
+    pub fn forget_install(&self, stats: &Stats) {
+        lock(&self.install_id).take();
+        let mut g = lock(&self.inner);
+        g.waiting.clear();
+        g.baseline = Tally::of(stats, &g.quarantined, g.quarantine_purged);
+    }
+
+    /// Consent granted: a new install id if the last denial deleted it. The first report
+    /// under it counts from now.
+    pub fn ensure_install(&self, queue: &Queue, stats: &Stats) {
+        let mut id = lock(&self.install_id);
+        if id.is_none() {
+            *id = new_install_id(queue);
+            let mut g = lock(&self.inner);
+            g.baseline = Tally::of(stats, &g.quarantined, g.quarantine_purged);
+        }
     }
 
     /// Quarantined events by reason, which [`Stats`] keeps only as a total.
@@ -176,6 +228,10 @@ impl Fleet {
     /// Cuts a report of what changed since the last one (nothing when nothing changed) and
     /// keeps it in the store. `stats` is a full [`Stats`] (queue sizes filled in).
     pub fn cut(&self, queue: &Queue, stats: &Stats) {
+        let Some(install_id) = self.install_id() else {
+            // Denied: nothing is sent, and nothing under an id a denial deleted is kept.
+            return;
+        };
         let mut g = lock(&self.inner);
         let now = Tally::of(stats, &g.quarantined, g.quarantine_purged);
         let delta = now.since(&g.baseline);
@@ -185,7 +241,7 @@ impl Fleet {
         let id = g.next_report;
         let quarantine_size = stats.quarantine.values().sum();
         let body = delta
-            .to_report(&self.install_id, id, stats.pending, quarantine_size)
+            .to_report(&install_id, id, stats.pending, quarantine_size)
             .to_string();
         if let Err(e) = queue.report_add(id, &body) {
             // Not cut: the counts stay in the delta and go in the next report.
@@ -234,8 +290,15 @@ impl Fleet {
     }
 
     /// A 2xx read whole answered a request that carried reports `ids`: they are covered. Its
-    /// body may carry directives; returns the one-shot actions to run now.
-    pub fn answered(&self, queue: &Queue, ids: &[u64], body: &[u8], wall_ms: i64) -> Steer {
+    /// body may carry directives; returns the one-shot actions to run now. `wall_ms` dates what
+    /// the directive names in wall time (`pause_until`), `now_ms` (monotonic) starts its life.
+    pub fn answered(
+        &self,
+        queue: &Queue,
+        ids: &[u64],
+        body: &[u8],
+        (wall_ms, now_ms): (i64, u64),
+    ) -> Steer {
         let mut g = lock(&self.inner);
         if !ids.is_empty() {
             g.waiting.retain(|(id, _)| !ids.contains(id));
@@ -268,11 +331,17 @@ impl Fleet {
         };
         d.cap_pause(wall_ms, self.pause_cap_ms);
         g.applied_count += 1;
-        let first_time = g.applied.as_deref() != Some(d.id.as_str());
+        g.applied.retain(|(_, until)| *until > now_ms);
+        let first_time = !g.applied.iter().any(|(id, _)| *id == d.id);
         let steer = if first_time {
-            g.applied = Some(d.id.clone());
-            if let Err(e) = queue.fleet_put(key::APPLIED, &d.id) {
-                tracing::warn!(error = %e, "could not keep the applied directive id");
+            if g.applied.len() >= MAX_APPLIED_IDS
+                && let Some(soonest) = (0..g.applied.len()).min_by_key(|i| g.applied[*i].1)
+            {
+                g.applied.swap_remove(soonest);
+            }
+            g.applied.push((d.id.clone(), now_ms + APPLIED_MEMORY_MS));
+            if let Err(e) = queue.fleet_put(key::APPLIED, &applied_for_store(&g.applied, now_ms)) {
+                tracing::warn!(error = %e, "could not keep the applied directive ids");
             }
             Steer {
                 redrive: d.redrive.clone(),
@@ -281,44 +350,120 @@ impl Fleet {
         } else {
             Steer::default()
         };
-        // The same pause asked again (every 2xx repeats the directive) is not a new one.
-        let old = g.directive.as_ref().filter(|o| o.id == d.id);
-        if let Some(old) = old
-            && old.pause_asked_ms == d.pause_asked_ms
-        {
-            d.pause_until_ms = old.pause_until_ms;
+        // The same directive repeated (every 2xx repeats it) is not a new one: its pause and
+        // its life go on from its first arrival.
+        let live = g.expires_mono_ms > now_ms;
+        let old = g
+            .directive
+            .as_ref()
+            .filter(|o| live && o.id == d.id)
+            .map(|o| (o.pause_asked_ms, o.pause_until_ms, o.expires_at_ms));
+        if let Some((asked, until, expires_at_ms)) = old {
+            if asked == d.pause_asked_ms {
+                d.pause_until_ms = until;
+            } else {
+                g.pause_untold = d.pause_until_ms;
+            }
+            d.expires_at_ms = expires_at_ms;
         } else {
             g.pause_untold = d.pause_until_ms;
-        }
-        if let Ok(json) = serde_json::to_string(&d)
-            && let Err(e) = queue.fleet_put(key::DIRECTIVE, &json)
-        {
-            tracing::warn!(error = %e, "could not keep the directive in force");
+            g.expires_mono_ms = now_ms + d.ttl_ms;
         }
         g.directive = Some(d);
+        self.keep_directive(queue, &g, now_ms);
         self.steering.store(true, Ordering::Release);
         steer
     }
 
-    /// A `pause_until` the delivery machine has not been told, as a delay from `wall_ms`.
+    /// Keeps the directive in force in the store, with the time it has left.
+    fn keep_directive(&self, queue: &Queue, g: &Inner, now_ms: u64) {
+        let Some(d) = &g.directive else {
+            return;
+        };
+        let mut kept = d.clone();
+        kept.left_ms = Some(g.expires_mono_ms.saturating_sub(now_ms));
+        if let Ok(json) = serde_json::to_string(&kept)
+            && let Err(e) = queue.fleet_put(key::DIRECTIVE, &json)
+        {
+            tracing::warn!(error = %e, "could not keep the directive in force");
+        }
+    }
+
+    /// Keeps the time the directive in force and the applied ids have left (at shutdown:
+    /// the next open counts on from there).
+    pub fn save_clock(&self, queue: &Queue, now_ms: u64) {
+        let g = lock(&self.inner);
+        self.keep_directive(queue, &g, now_ms);
+        if !g.applied.is_empty()
+            && let Err(e) = queue.fleet_put(key::APPLIED, &applied_for_store(&g.applied, now_ms))
+        {
+            tracing::warn!(error = %e, "could not keep the applied directive ids");
+        }
+    }
+
+    /// The directive in force at `now_ms` (monotonic; `wall_ms` dates its end for display).
+    pub fn in_force(&self, now_ms: u64, wall_ms: i64) -> Option<DirectiveInForce> {
+        if !self.steering.load(Ordering::Acquire) {
+            return None;
+        }
+        let g = lock(&self.inner);
+        let d = g
+            .directive
+            .as_ref()
+            .filter(|_| g.expires_mono_ms > now_ms)?;
+        let expires_in_ms = g.expires_mono_ms - now_ms;
+        Some(DirectiveInForce {
+            id: d.id.clone(),
+            expires_in_ms,
+            expires_at_ms: wall_ms.saturating_add(expires_in_ms as i64),
+            pause_until_ms: d.pause_until_ms.filter(|at| *at > wall_ms),
+            sample_rate: d.sample_rate.clone(),
+            drop_names: d.drop_names.clone(),
+            redrive: d.redrive.clone(),
+            purge_quarantine: d.purge_quarantine.clone(),
+        })
+    }
+
+    /// The app ends the directive in force (its settings and its pause; the one-shot actions
+    /// it ran are not run again). Returns whether one was in force.
+    pub fn clear(&self, queue: &Queue, now_ms: u64) -> bool {
+        let mut g = lock(&self.inner);
+        let was = g.directive.take().is_some() && g.expires_mono_ms > now_ms;
+        g.pause_untold = None;
+        g.pause_ended = true;
+        g.expires_mono_ms = 0;
+        self.steering.store(false, Ordering::Release);
+        if let Err(e) = queue.fleet_delete(key::DIRECTIVE) {
+            tracing::warn!(error = %e, "could not forget the directive in force");
+        }
+        was
+    }
+
+    /// A `pause_until` the delivery machine has not been told, as a delay from `wall_ms`; zero
+    /// once when the app ended the directive (the pause ends now).
     pub fn take_pause(&self, wall_ms: i64) -> Option<u64> {
-        let at = lock(&self.inner).pause_untold.take()?;
+        let mut g = lock(&self.inner);
+        if std::mem::take(&mut g.pause_ended) && g.pause_untold.is_none() {
+            return Some(0);
+        }
+        let at = g.pause_untold.take()?;
         (at > wall_ms).then(|| (at - wall_ms) as u64)
     }
 
-    /// What `track()` does with an event named `name` at `wall_ms`.
-    /// `wall_ms` is read only while a directive is in force: `track()` calls this for every
-    /// event.
-    pub fn screen(&self, name: &str, wall_ms: impl FnOnce() -> i64) -> Screen {
-        if !self.steering.load(Ordering::Acquire) {
+    /// What `track()` does with a new event named `name`, of the critical lane or not, at
+    /// `now_ms` (monotonic, read only while a directive is in force: `track()` calls this for
+    /// every event). A critical event is always kept: no collector can silence a device's crash
+    /// reports.
+    pub fn screen(&self, name: &str, critical: bool, now_ms: impl FnOnce() -> u64) -> Screen {
+        if critical || !self.steering.load(Ordering::Acquire) {
             return Screen::Keep;
         }
-        let wall_ms = wall_ms();
+        let now_ms = now_ms();
         let mut g = lock(&self.inner);
         let Some(d) = &g.directive else {
             return Screen::Keep;
         };
-        if d.expires_at_ms <= wall_ms {
+        if g.expires_mono_ms <= now_ms {
             g.directive = None;
             self.steering.store(false, Ordering::Release);
             return Screen::Keep;
@@ -339,11 +484,46 @@ impl Fleet {
     }
 }
 
-/// 128 random bits as 32 hex digits: names a device install and nothing else (no clock, no
-/// hardware id), so it cannot be tied to a user or a time.
-fn new_install_id() -> String {
-    let mut rng = fastrand::Rng::new();
-    format!("{:016x}{:016x}", rng.u64(..), rng.u64(..))
+/// 128 bits from the OS's generator as 32 hex digits, kept in the store: names a device install
+/// and nothing else (no clock, no hardware id, no seed another id could be derived from), so
+/// it cannot be tied to a user, a time or another install.
+fn new_install_id(queue: &Queue) -> Option<String> {
+    let mut bits = [0u8; 16];
+    if let Err(e) = getrandom::getrandom(&mut bits) {
+        // No OS randomness (it does not happen on the platforms served): an id made of anything
+        // weaker could be guessed, so no report is cut until there is one.
+        tracing::error!(error = %e, "no OS randomness for the install id");
+        return None;
+    }
+    let id: String = bits.iter().map(|b| format!("{b:02x}")).collect();
+    if let Err(e) = queue.fleet_put(key::INSTALL_ID, &id) {
+        tracing::warn!(error = %e, "could not keep the install id");
+    }
+    Some(id)
+}
+
+/// The applied ids as kept: `[[id, ms left], ...]`.
+fn applied_for_store(applied: &[(String, u64)], now_ms: u64) -> String {
+    let kept: Vec<(&str, u64)> = applied
+        .iter()
+        .map(|(id, until)| (id.as_str(), until.saturating_sub(now_ms)))
+        .collect();
+    serde_json::to_string(&kept).unwrap_or_default()
+}
+
+/// The applied ids from the store, as of `now_ms`. A store written before ids were kept as a
+/// list holds the one last id as plain text: it is remembered for the whole
+/// [`APPLIED_MEMORY_MS`].
+fn applied_from_store(kept: &str, now_ms: u64) -> Vec<(String, u64)> {
+    match serde_json::from_str::<Vec<(String, u64)>>(kept) {
+        Ok(list) => list
+            .into_iter()
+            .filter(|(_, left)| *left > 0)
+            .map(|(id, left)| (id, now_ms + left.min(APPLIED_MEMORY_MS)))
+            .take(MAX_APPLIED_IDS)
+            .collect(),
+        Err(_) => vec![(kept.to_string(), now_ms + APPLIED_MEMORY_MS)],
+    }
 }
 
 #[cfg(test)]

@@ -82,7 +82,7 @@ proptest! {
         steps in proptest::collection::vec(step(), 1..60),
     ) {
         let q = queue();
-        let fleet = Fleet::load(&q, true, 60_000, 0);
+        let fleet = Fleet::load(&q, true, 60_000, (0, 0), crate::Consent::Granted);
         let mut book = FleetBook::default();
         let (mut t, mut d, mut quarantined, mut expired) = (0, 0, 0, 0);
         let mut in_transit: Vec<Value> = Vec::new();
@@ -112,7 +112,7 @@ proptest! {
                             in_transit.extend(serde_json::from_str::<Vec<Value>>(&body).unwrap());
                         }
                         if answered {
-                            fleet.answered(&q, &ids, br#"{"reports_seen":[]}"#, 0);
+                            fleet.answered(&q, &ids, br#"{"reports_seen":[]}"#, (0, 0));
                         }
                     }
                 }
@@ -130,7 +130,7 @@ proptest! {
             let (ids, body) = fleet.for_request(u64::MAX);
             let Some(body) = body else { break };
             deliver(&mut book, &body)?;
-            fleet.answered(&q, &ids, b"{}", 0);
+            fleet.answered(&q, &ids, b"{}", (0, 0));
         }
         for r in in_transit {
             book.add(&r);
@@ -180,18 +180,18 @@ fn reports_and_the_install_id_survive_a_reopen() {
     };
     let (install, first) = {
         let q = open();
-        let fleet = Fleet::load(&q, true, 60_000, 0);
+        let fleet = Fleet::load(&q, true, 60_000, (0, 0), crate::Consent::Granted);
         fleet.cut(&q, &stats(5, 0, 0));
         fleet.cut(&q, &stats(7, 2, 0));
         let (ids, body) = fleet.for_request(u64::MAX);
         assert_eq!(ids, vec![1, 2]);
-        fleet.answered(&q, &[1], b"{}", 0);
+        fleet.answered(&q, &[1], b"{}", (0, 0));
         q.release_ownership();
-        (fleet.install_id().to_string(), body.unwrap())
+        (fleet.install_id().unwrap(), body.unwrap())
     };
     let q = open();
-    let fleet = Fleet::load(&q, true, 60_000, 0);
-    assert_eq!(fleet.install_id(), install);
+    let fleet = Fleet::load(&q, true, 60_000, (0, 0), crate::Consent::Granted);
+    assert_eq!(fleet.install_id(), Some(install));
     let (ids, body) = fleet.for_request(u64::MAX);
     assert_eq!(ids, vec![2], "the uncovered report waits, with its id");
     let first: Vec<Value> = serde_json::from_str(&first).unwrap();
@@ -203,4 +203,89 @@ fn reports_and_the_install_id_survive_a_reopen() {
         vec![2, 3],
         "numbering goes on"
     );
+}
+
+/// A store-backed queue in `dir`, as a restart opens it.
+fn stored_queue(dir: &std::path::Path) -> Queue {
+    let params = QueueParams {
+        memory_capacity: 100,
+        durability: Durability::Spill,
+        quarantine_max_events: 100,
+        quarantine_retention_ms: 1_000_000,
+        encryption_keys: Default::default(),
+    };
+    crate::queue::Queue::open(
+        &dir.join("s.db"),
+        1 << 20,
+        0,
+        params,
+        Ledger::default(),
+        Arc::new(Mutex::new(Vec::new())),
+    )
+    .unwrap()
+    .queue
+}
+
+fn redrive_directive(id: &str) -> Vec<u8> {
+    format!(r#"{{"directives":{{"id":"{id}","redrive":["bad_request"]}}}}"#).into_bytes()
+}
+
+/// "Once per directive id" holds for every id seen, not only the last: A, B, A (one load
+/// balancer's instances serving different directives) runs A's redrive once, also across a
+/// restart, so a collector cannot loop dead letters through redrives.
+#[test]
+fn one_shot_actions_run_once_per_id_whatever_came_between() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let q = stored_queue(dir.path());
+        let fleet = Fleet::load(&q, true, 60_000, (0, 0), crate::Consent::Granted);
+        let once = |id: &str| {
+            !fleet
+                .answered(&q, &[], &redrive_directive(id), (0, 0))
+                .redrive
+                .is_empty()
+        };
+        assert!(once("A"), "A runs");
+        assert!(once("B"), "B runs");
+        assert!(!once("A"), "A again after B does not run again");
+        assert!(!once("B"));
+        q.release_ownership();
+    }
+    let q = stored_queue(dir.path());
+    let fleet = Fleet::load(&q, true, 60_000, (0, 0), crate::Consent::Granted);
+    let again = fleet.answered(&q, &[], &redrive_directive("A"), (0, 0));
+    assert!(again.redrive.is_empty(), "nor after a restart");
+    let c = fleet.answered(&q, &[], &redrive_directive("C"), (0, 0));
+    assert_eq!(c.redrive, vec!["bad_request"], "a new id runs");
+}
+
+/// A directive's life is kept across a restart as the time it had left (the monotonic clock
+/// starts again at every open), and a wall clock put back a year in between does not stretch it.
+#[test]
+fn a_directive_keeps_its_time_left_across_a_restart() {
+    const HOUR: u64 = 3_600_000;
+    const WALL: i64 = 1_800_000_000_000;
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let q = stored_queue(dir.path());
+        let fleet = Fleet::load(&q, true, 60_000, (WALL, 0), crate::Consent::Granted);
+        let body = br#"{"directives":{"id":"d","ttl_ms":3600000,"drop_names":["spam"]}}"#;
+        fleet.answered(&q, &[], body, (WALL, 0));
+        assert_eq!(fleet.screen("spam", false, || 10), Screen::NameDropped);
+        // Half an hour later the app shuts down.
+        fleet.save_clock(&q, HOUR / 2);
+        q.release_ownership();
+    }
+    // The next process: its monotonic clock starts at 5; the wall clock went back a year.
+    let q = stored_queue(dir.path());
+    let year = 365 * 24 * HOUR as i64;
+    let fleet = Fleet::load(&q, true, 60_000, (WALL - year, 5), crate::Consent::Granted);
+    let d = fleet.in_force(5, WALL - year).expect("still in force");
+    assert_eq!(d.expires_in_ms, HOUR / 2, "the half hour it had left");
+    assert_eq!(
+        fleet.screen("spam", false, || 5 + HOUR / 2 - 1),
+        Screen::NameDropped
+    );
+    assert_eq!(fleet.screen("spam", false, || 5 + HOUR / 2), Screen::Keep);
+    assert!(fleet.in_force(5 + HOUR / 2, WALL - year).is_none());
 }

@@ -19,6 +19,13 @@ impl Queue {
         }
     }
 
+    pub fn fleet_delete(&self, name: &str) -> Result<()> {
+        match &self.store {
+            Some(store) => store.delete_meta(name),
+            None => Ok(()),
+        }
+    }
+
     pub fn reports(&self) -> Result<Vec<(u64, String)>> {
         match &self.store {
             Some(store) => store.reports(),

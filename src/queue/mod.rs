@@ -25,6 +25,7 @@
 //! it let go of every lock ([`crate::shared::Shared::deliver_notices`]).
 
 pub(crate) mod buffer;
+mod consent;
 mod fleet;
 mod ordered;
 pub(crate) mod store;
@@ -44,7 +45,10 @@ use crate::stats::{DropReason, Entry, Exit};
 
 use buffer::MemoryBuffer;
 pub use buffer::SPILL_BACKLOG_MIN;
+pub use consent::WAL_TRUNCATE_BOUND;
 pub use store::disk_usage;
+/// The `meta` name of the install id (src/fleet keeps it there; a denial deletes it).
+pub use store::meta::INSTALL_ID as INSTALL_ID_NAME;
 use store::{Inserted, Store};
 pub(crate) use store::{QuarantineSql, check_keys, schema};
 
@@ -115,6 +119,9 @@ pub struct OpenedQueue {
     pub next_seq: u64,
     /// Where an unusable store file was moved, and why.
     pub recovered: Option<(std::path::PathBuf, String)>,
+    /// The store's record says `denied` and deleting what it kept did not finish at open: the
+    /// spool must not deliver, and tries again.
+    pub unfinished_denial: Option<Error>,
 }
 
 pub struct Queue {
@@ -212,6 +219,8 @@ impl Queue {
     ) -> Result<OpenedQueue> {
         let keys = crate::crypto::Keyring::new(&params.encryption_keys);
         let opened = Store::open(path, max_disk_bytes, wall_ms, keys)?;
+        // Before anything reads the queue: a recorded denial is carried out (README §Consent).
+        let unfinished_denial = consent::finish_recorded_denial(&opened.store);
         let restored = opened.store.len();
         let next_seq = opened.store.next_seq()?;
         Ok(OpenedQueue {
@@ -219,6 +228,7 @@ impl Queue {
             restored,
             next_seq,
             recovered: opened.recovered,
+            unfinished_denial,
         })
     }
 
@@ -885,50 +895,6 @@ impl Queue {
         }
         self.counters.drop(DropReason::Purged, n);
         Ok(n)
-    }
-
-    /// Consent denied (README §Consent): deletes every queued event not in flight, in memory
-    /// and in the store, and the whole quarantine, leaving none of the user's data in the file;
-    /// counts the queued ones `consent_denied` and returns how many. Events in flight were sent
-    /// while consent was granted; what comes back unanswered is discarded by the next call.
-    pub fn discard_for_consent(&self) -> Result<u64> {
-        let _guard = self.spill_lock.lock();
-        let mut n = self.memory().clear();
-        // Counted before the store is touched: a store error must not hide what memory lost.
-        self.counters.drop(DropReason::ConsentDenied, n);
-        let dead = match &self.store {
-            Some(store) => {
-                let (queued, quarantined) = store.discard_for_consent()?;
-                self.counters.drop(DropReason::ConsentDenied, queued);
-                n += queued;
-                quarantined
-            }
-            None => lock(&self.memory_quarantine).take(&Selector::All).len() as u64,
-        };
-        tracing::info!(
-            events = n,
-            dead_letters = dead,
-            "consent denied: kept events deleted"
-        );
-        Ok(n)
-    }
-
-    /// Consent as the store recorded it, if it has a store and a record.
-    pub fn stored_consent(&self) -> Result<Option<crate::Consent>> {
-        let Some(store) = &self.store else {
-            return Ok(None);
-        };
-        Ok(store
-            .meta(store::meta::CONSENT)?
-            .and_then(|v| crate::Consent::from_name(&v)))
-    }
-
-    /// Records consent in the store (nothing without one), so it holds after a restart.
-    pub fn store_consent(&self, consent: crate::Consent) -> Result<()> {
-        match &self.store {
-            Some(store) => store.set_meta(store::meta::CONSENT, consent.as_str()),
-            None => Ok(()),
-        }
     }
 
     /// Moves quarantined events back to the queue with their original `event_id`, new seqs

@@ -21,7 +21,7 @@ fn deferred(s: &DeliveryState) -> bool {
 }
 
 /// Every file eventspool wrote in `dir` (database, WAL, SHM, lock), read whole.
-fn files_contain(dir: &Path, needle: &[u8]) -> Vec<String> {
+pub fn files_contain(dir: &Path, needle: &[u8]) -> Vec<String> {
     let mut hits = Vec::new();
     for entry in std::fs::read_dir(dir).unwrap() {
         let path = entry.unwrap().path();
@@ -248,6 +248,101 @@ fn an_event_tracked_while_consent_changes_is_sent_or_deleted() {
                 assert_eq!(stats.pending, 0, "round {round}: nothing left queued");
                 assert_eq!(spool.stats().pending_disk, 0, "round {round}");
             }
+        }
+        spool.shutdown(WAIT).unwrap();
+    }
+}
+
+/// Stops the worker the first time it shows `Sending` (it has taken its batch and is about to
+/// send it) until the test has made its call: the app's verb then lands exactly between taking
+/// a batch and sending it.
+struct HoldAtSending {
+    reached: std::sync::Mutex<Option<std::sync::mpsc::Sender<()>>>,
+    release: std::sync::Mutex<Option<std::sync::mpsc::Receiver<()>>>,
+}
+
+impl eventspool::DeliveryObserver for HoldAtSending {
+    fn on_state(&self, status: &eventspool::DeliveryStatus) {
+        if status.state != DeliveryState::Sending {
+            return;
+        }
+        let Some(reached) = self.reached.lock().unwrap().take() else {
+            return;
+        };
+        let release = self.release.lock().unwrap().take().expect("one release");
+        reached.send(()).unwrap();
+        release
+            .recv_timeout(WAIT)
+            .expect("the test releases the worker");
+    }
+}
+
+/// README §Consent: once `set_consent(Denied)` or `set_enabled(false)` has returned, no request
+/// starts, also when the verb lands between the worker taking a batch and sending it. Both
+/// verbs, with and without a store.
+#[test]
+fn no_request_starts_after_denial_or_opt_out_returned() {
+    for (round, opt_out) in [(0, false), (1, true), (2, false), (3, true)] {
+        let collector = collector();
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = config(&collector);
+        c.flush_at = 1_000;
+        if round >= 2 {
+            c.db_path = Some(dir.path().join("events.db"));
+            c.memory_capacity = 5;
+        }
+        let (reached_tx, reached) = std::sync::mpsc::channel();
+        let (release, release_rx) = std::sync::mpsc::channel();
+        let hold = Arc::new(HoldAtSending {
+            reached: std::sync::Mutex::new(Some(reached_tx)),
+            release: std::sync::Mutex::new(Some(release_rx)),
+        });
+        let spool = EventSpool::builder(c)
+            .clock(instant_clock())
+            .observer(hold)
+            .open()
+            .unwrap();
+        for i in 0..20 {
+            spool.track("private", json!({ "i": i })).unwrap();
+        }
+        spool.persist().unwrap();
+        spool.flush();
+        reached
+            .recv_timeout(WAIT)
+            .expect("the worker takes a batch");
+        if opt_out {
+            spool.set_enabled(false).unwrap();
+        } else {
+            spool.set_consent(Consent::Denied).unwrap();
+        }
+        release.send(()).unwrap();
+        wait_state(&spool, "disabled", |s| *s == DeliveryState::Disabled);
+        // A turn later, whatever the worker was going to do it has done.
+        spool.wait_for(std::time::Duration::from_millis(300), |_| false);
+        assert_eq!(
+            collector.request_count(),
+            0,
+            "round {round} ({}): a request started after the verb returned",
+            if opt_out {
+                "set_enabled(false)"
+            } else {
+                "set_consent(Denied)"
+            }
+        );
+        let stats = spool.stats();
+        assert_eq!(stats.delivered, 0, "round {round}: {stats:?}");
+        assert_eq!(stats.requests, 0, "round {round}: {stats:?}");
+        if !opt_out {
+            assert_eq!(
+                stats.dropped(DropReason::ConsentDenied),
+                20,
+                "round {round}: the batch taken is deleted with the rest: {stats:?}"
+            );
+        } else {
+            assert_eq!(
+                stats.pending, 20,
+                "round {round}: opted out keeps: {stats:?}"
+            );
         }
         spool.shutdown(WAIT).unwrap();
     }

@@ -495,7 +495,7 @@ fn opt_out_stops_tracking_and_purge_deletes_the_queue() {
         ..
     } = &rig;
     rig.track_n("before", 50);
-    spool.set_enabled(false);
+    spool.set_enabled(false).unwrap();
     wait_state(spool, "disabled", |s| *s == DeliveryState::Disabled);
     assert!(matches!(
         spool.track("after", json!({})),

@@ -5,7 +5,9 @@ mod common;
 mod concurrency;
 mod conditions;
 mod consent;
+mod consent_store;
 mod critical;
+mod directives;
 mod drain;
 mod encryption;
 #[path = "../support/episode.rs"]
@@ -20,3 +22,4 @@ mod quarantine;
 mod reentrant;
 mod rig;
 mod upgrade;
+mod wrong_network;

@@ -47,7 +47,7 @@ pub fn call_every_verb(spool: &EventSpool, progress: &Mutex<String>) {
     step("set_api_key");
     let _ = spool.set_api_key(None);
     step("set_enabled");
-    spool.set_enabled(true);
+    let _ = spool.set_enabled(true);
     step("add_observer");
     let added = spool.add_observer(Arc::new(|_: &DeliveryStatus| {}));
     step("remove observer");

@@ -4,6 +4,7 @@
 mod clock_jumps;
 mod common;
 mod crash;
+mod denial;
 mod hostile;
 mod model;
 mod props;

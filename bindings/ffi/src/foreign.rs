@@ -148,8 +148,9 @@ pub trait HttpTransport: Send + Sync {
 /// A blocking foreign call cannot be cancelled: when the worker gives up on an attempt (its
 /// timeout), the call goes on until the app's code returns. So the adapter itself keeps at most
 /// one call running: the next attempt waits for the previous call to return (within its own
-/// timeout, then it fails as a timeout like any other), and never starts a second request or a
-/// second blocking thread beside it, whatever the transport does with `timeout_ms`.
+/// timeout) and then counts as not sent, to be sent again after the backoff; it never starts a
+/// second request or a second blocking thread beside it, whatever the transport does with
+/// `timeout_ms`, nor a request later than the first poll the SDK's consent check covers.
 pub(crate) struct TransportAdapter {
     foreign: Arc<dyn HttpTransport>,
     /// One permit, held by the blocking call from its start until the foreign code returns.
@@ -181,11 +182,26 @@ impl Transport for TransportAdapter {
                 body: request.body,
                 timeout_ms: duration_ms(request.timeout),
             };
-            // Waits while an abandoned call (one that outlived its attempt) is still running.
-            let Ok(permit) = one_call.acquire_owned().await else {
-                return Err(TransportError::Io(
-                    "the app's HTTP transport is closed".into(),
-                ));
+            // The foreign call starts in the first poll, which the SDK makes while it holds
+            // the consent check (README §Consent): a call started later could go out after
+            // `set_consent(Denied)` returned. So when an abandoned call (one that outlived its
+            // attempt) still runs, this attempt waits for it to return and then reports itself
+            // not sent; the SDK's backoff sends it again.
+            let permit = match one_call.clone().try_acquire_owned() {
+                Ok(permit) => permit,
+                Err(tokio::sync::TryAcquireError::NoPermits) => {
+                    let _ = one_call.acquire().await;
+                    return Err(TransportError::Connect(
+                        "the app's HTTP transport was still running an abandoned call; \
+                         this request was not sent"
+                            .into(),
+                    ));
+                }
+                Err(tokio::sync::TryAcquireError::Closed) => {
+                    return Err(TransportError::Io(
+                        "the app's HTTP transport is closed".into(),
+                    ));
+                }
             };
             // A panic in the foreign call comes back as the task's `JoinError`; the permit goes
             // with the closure either way.

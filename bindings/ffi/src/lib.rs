@@ -29,8 +29,8 @@ pub use foreign::{
 };
 pub use types::{
     AttemptFailure, Consent, DeferReason, DeliveryConditions, DeliveryState, DeliveryStatus,
-    DrainOutcome, EncryptionKey, NewEvent, PauseReason, Priority, QuarantineSelector,
-    QuarantinedEvent, SpoolNotice, SpoolStats,
+    DirectiveInForce, DrainOutcome, EncryptionKey, NewEvent, PauseReason, Priority,
+    QuarantineSelector, QuarantinedEvent, SpoolNotice, SpoolStats,
 };
 
 use eventspool::ConfigError;
@@ -58,6 +58,10 @@ pub enum SpoolError {
     /// Tracking consent is `Denied`: nothing is recorded.
     #[error("tracking consent is denied: the event was not recorded")]
     ConsentDenied,
+    /// `set_consent(Denied)` is recorded and in force (nothing is sent), but deleting what was
+    /// kept did not finish (`reason` says what is left); the spool retries in the background.
+    #[error("consent denied and in force, but the kept data is not deleted yet: {reason}")]
+    WipeIncomplete { reason: String },
     #[error("storage: {reason}")]
     Storage { reason: String },
     /// The built-in HTTP client could not be set up; pass your own `HttpTransport`.
@@ -107,6 +111,7 @@ impl From<Error> for SpoolError {
             Error::Disabled => SpoolError::TrackingDisabled,
             Error::ShutDown => SpoolError::ShutDown,
             Error::ConsentDenied => SpoolError::ConsentDenied,
+            Error::WipeIncomplete(reason) => SpoolError::WipeIncomplete { reason },
             Error::Storage(reason) => SpoolError::Storage { reason },
             e @ Error::HttpClient { .. } => SpoolError::HttpClient {
                 reason: e.to_string(),
@@ -298,7 +303,11 @@ impl EventSpool {
     }
 
     fn stats_of(&self, core: &eventspool::EventSpool) -> SpoolStats {
-        SpoolStats::from_core(core.stats(), self.callback_errors.load(Ordering::Relaxed))
+        SpoolStats::from_core(
+            core.stats(),
+            self.callback_errors.load(Ordering::Relaxed),
+            core.install_id(),
+        )
     }
 }
 
@@ -441,9 +450,11 @@ impl EventSpool {
         self.with_core(|core| core.set_api_key(api_key))
     }
 
-    /// Opt-out: `false` stops delivery and makes `track` fail with `TrackingDisabled`.
-    pub fn set_enabled(&self, enabled: bool) {
-        self.verb(|core| core.set_enabled(enabled));
+    /// Opt-out: `false` stops delivery and makes `track` fail with `TrackingDisabled`; once it
+    /// returned, no request starts. Recorded in the store, so the spool opens disabled after a
+    /// restart; fails (nothing changed) when the record cannot be written.
+    pub fn set_enabled(&self, enabled: bool) -> Result<(), SpoolError> {
+        self.with_core(|core| core.set_enabled(enabled))
     }
 
     /// Tracking consent (README §Consent): `Pending` keeps events and sends nothing (state
@@ -457,6 +468,12 @@ impl EventSpool {
     /// The tracking consent in force; after `shutdown`, `ShutDown`.
     pub fn consent(&self) -> Result<Consent, SpoolError> {
         self.with_core(|core| Ok(core.consent().into()))
+    }
+
+    /// Ends the collector's directive in force (`SpoolStats.directive`): its `sample_rate`,
+    /// `drop_names` and `pause_until` stop holding now. Returns whether one was in force.
+    pub fn clear_directive(&self) -> Result<bool, SpoolError> {
+        self.with_core(|core| core.clear_directive())
     }
 
     /// Deletes every queued event not in flight (after an opt-out); returns how many.

@@ -52,8 +52,8 @@ pub enum PauseReason {
     Config,
 }
 
-/// Why delivery waits although it could send: consent pending, or the device's conditions
-/// (`set_conditions` and the `deliver_on_*` config).
+/// Why delivery waits although it could send: consent pending, the device's conditions
+/// (`set_conditions` and the `deliver_on_*` config), or the collector's word.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, uniffi::Enum)]
 pub enum DeferReason {
     /// The network is metered and `deliver_on_metered` is false.
@@ -64,6 +64,9 @@ pub enum DeferReason {
     BatteryLow,
     /// Tracking consent is pending: events are kept, nothing is sent until `set_consent(Granted)`.
     Consent,
+    /// The collector asked for no request before a time (a `pause_until` directive, or a
+    /// server's `Retry-After`); delivery resumes by itself, `deliver_within` says when.
+    Collector,
 }
 
 impl From<CoreDeferReason> for DeferReason {
@@ -73,6 +76,7 @@ impl From<CoreDeferReason> for DeferReason {
             CoreDeferReason::LowPower => DeferReason::LowPower,
             CoreDeferReason::BatteryLow => DeferReason::BatteryLow,
             CoreDeferReason::Consent => DeferReason::Consent,
+            CoreDeferReason::Collector => DeferReason::Collector,
         }
     }
 }
@@ -321,7 +325,7 @@ impl From<&eventspool::Notice> for SpoolNotice {
 /// Where every event went. The ledger `tracked + restored + redriven = delivered + quarantined +
 /// dropped (queue reasons) + pending` holds; `callback_errors` counts exceptions thrown by the
 /// app's observers, which are contained and never stop delivery.
-#[derive(Clone, Debug, PartialEq, Eq, uniffi::Record)]
+#[derive(Clone, Debug, PartialEq, uniffi::Record)]
 pub struct SpoolStats {
     pub tracked: u64,
     pub restored: u64,
@@ -342,10 +346,57 @@ pub struct SpoolStats {
     pub stores_recovered: u64,
     pub panics: u64,
     pub callback_errors: u64,
+    /// Collector directives taken, and directive fields ignored (docs/protocol.md §Directives).
+    #[uniffi(default)]
+    pub directives_applied: u64,
+    #[uniffi(default)]
+    pub directives_ignored: u64,
+    /// The collector's directive in force, if any; `clear_directive` ends it.
+    #[uniffi(default)]
+    pub directive: Option<DirectiveInForce>,
+    /// The random id this install reports under; `None` while consent is denied.
+    #[uniffi(default)]
+    pub install_id: Option<String>,
+    /// `rejected` ids in a 2xx that named no event of the batch (a collector bug).
+    #[uniffi(default)]
+    pub rejections_unmatched: u64,
+}
+
+/// A collector's directive as it holds on this device now (docs/protocol.md §Directives).
+#[derive(Clone, Debug, PartialEq, uniffi::Record)]
+pub struct DirectiveInForce {
+    pub id: String,
+    /// Its life left, counted on the device's monotonic clock from its arrival.
+    pub expires_in_ms: u64,
+    /// The same as a wall-clock estimate (Unix ms), for display.
+    pub expires_at_ms: i64,
+    /// No request before this (Unix ms), already capped.
+    pub pause_until_ms: Option<i64>,
+    /// Name prefix to the fraction of new events kept; the critical lane is never sampled.
+    pub sample_rate: HashMap<String, f64>,
+    /// Names `track` refuses; the critical lane is never refused.
+    pub drop_names: Vec<String>,
+    pub redrive: Vec<String>,
+    pub purge_quarantine: Vec<String>,
+}
+
+impl From<eventspool::DirectiveInForce> for DirectiveInForce {
+    fn from(d: eventspool::DirectiveInForce) -> Self {
+        DirectiveInForce {
+            id: d.id,
+            expires_in_ms: d.expires_in_ms,
+            expires_at_ms: d.expires_at_ms,
+            pause_until_ms: d.pause_until_ms,
+            sample_rate: d.sample_rate.into_iter().collect(),
+            drop_names: d.drop_names,
+            redrive: d.redrive,
+            purge_quarantine: d.purge_quarantine,
+        }
+    }
 }
 
 impl SpoolStats {
-    pub(crate) fn from_core(s: Stats, callback_errors: u64) -> Self {
+    pub(crate) fn from_core(s: Stats, callback_errors: u64, install_id: Option<String>) -> Self {
         SpoolStats {
             tracked: s.tracked,
             restored: s.restored,
@@ -364,6 +415,11 @@ impl SpoolStats {
             stores_recovered: s.stores_recovered,
             panics: s.panics,
             callback_errors,
+            directives_applied: s.directives_applied,
+            directives_ignored: s.directives_ignored,
+            directive: s.directive.map(Into::into),
+            install_id,
+            rejections_unmatched: s.rejections_unmatched,
         }
     }
 }

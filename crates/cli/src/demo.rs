@@ -515,12 +515,12 @@ fn fleet_loop(
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    let install = spool.install_id();
+    let install = spool.install_id().unwrap_or_default();
     let report = collector.fleet_install(&install).unwrap_or_default();
     let shown: Vec<String> = report.iter().map(|(k, v)| format!("{k} {v}")).collect();
     screen.say(&format!(
         "   reports from install {}…: {}",
-        &install[..8],
+        install.get(..8).unwrap_or_default(),
         shown.join(", ")
     ));
     let s = spool.stats();

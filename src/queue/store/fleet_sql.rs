@@ -32,6 +32,14 @@ impl Store {
         Ok(())
     }
 
+    /// Forgets one of the small named values of the `meta` table (the directive in force, when
+    /// the app ends it).
+    pub fn delete_meta(&self, name: &str) -> Result<()> {
+        self.conn()
+            .execute("DELETE FROM meta WHERE name = ?1", [name])?;
+        Ok(())
+    }
+
     /// Forgets reports a 2xx covered.
     pub fn reports_delete(&self, ids: &[u64]) -> Result<()> {
         let conn = self.conn();

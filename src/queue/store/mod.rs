@@ -7,6 +7,7 @@
 //! evicts what the collector may be acknowledging; a crash leaves them in the table, so they are
 //! sent again after restart with the same `event_id`s.
 
+mod consent_sql;
 mod fleet_sql;
 mod frontier;
 mod quarantine_sql;
@@ -30,6 +31,7 @@ use crate::event::{
 use crate::quarantine::{QuarantinedEvent, reason};
 use crate::shared::lock;
 
+pub use consent_sql::WAL_TRUNCATE_BOUND;
 use frontier::{Frontier, IN_ORDER_ROWS, INDEXED_ROWS, INDEXED_ROWS_OF_LANE};
 use quarantine_sql::ByteLimits;
 pub use quarantine_sql::QuarantineSql;
@@ -48,6 +50,10 @@ pub mod counter {
 pub mod meta {
     /// Tracking consent as the app last set it (`pending`, `granted`, `denied`).
     pub const CONSENT: &str = "consent";
+    /// The opt-out as the app last set it (`true`, `false`); see [`super::consent_sql`].
+    pub const ENABLED: &str = "enabled";
+    /// The random id this install reports under (src/fleet); a denial deletes it.
+    pub const INSTALL_ID: &str = "install_id";
     /// The queued rows when the last owner let go of the store ([`super::Store::release_ownership`]);
     /// taken out by the next open, so it is present only after a clean close.
     pub const QUEUE_ROWS_AT_CLOSE: &str = "queue_rows_at_close";
@@ -856,41 +862,6 @@ impl Store {
 
     pub fn set_meta(&self, name: &str, value: &str) -> Result<()> {
         Ok(write_meta(&self.conn(), name, value)?)
-    }
-
-    /// Consent denied: deletes every queued event not in flight and every dead letter, so that
-    /// none of the user's data is left in the file. `secure_delete` overwrites the deleted
-    /// content (SQLite otherwise leaves it in the freed cells and pages), the freed pages go
-    /// back to the file system, and a truncating checkpoint empties the WAL, which still held
-    /// the old pages. Returns (queued events deleted, dead letters deleted); the queued ones
-    /// are counted `consent_denied`.
-    pub fn discard_for_consent(&self) -> Result<(u64, u64)> {
-        let leased = self.leased().clone();
-        let mut conn = self.conn();
-        self.forget_quarantine_counts();
-        conn.pragma_update(None, "secure_delete", true)?;
-        let result = (|| -> Result<(u64, u64)> {
-            let tx = conn.transaction()?;
-            let queued = delete_unleased(&tx, &leased)?;
-            let dead = tx.execute("DELETE FROM quarantine", [])? as u64;
-            if queued > 0 {
-                bump(&tx, counter::CONSENT_DENIED, queued)?;
-            }
-            {
-                let mut stmt = tx.prepare("PRAGMA incremental_vacuum")?;
-                let mut rows = stmt.query([])?;
-                while rows.next()?.is_some() {}
-            }
-            tx.commit()?;
-            Ok((queued, dead))
-        })();
-        let restored = conn.pragma_update(None, "secure_delete", false);
-        let (queued, dead) = result?;
-        restored?;
-        conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
-        drop(conn);
-        self.forget_rows(queued);
-        Ok((queued, dead))
     }
 
     /// The dead letters by reason ([`QuarantineSql::counts`]), counted again only after a

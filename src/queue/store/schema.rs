@@ -140,8 +140,11 @@ impl std::fmt::Display for Unusable {
 /// Settings that must hold for every connection. `auto_vacuum` only takes effect before the first
 /// table exists, which is why it comes before the migrations; it lets the store hand freed pages
 /// back to the file system so the on-disk size can honour `max_disk_bytes`.
+/// How long a statement waits for another connection's lock before it fails as busy.
+pub const BUSY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 pub fn configure(conn: &Connection, wal_limit_bytes: u64) -> rusqlite::Result<()> {
-    conn.busy_timeout(std::time::Duration::from_secs(5))?;
+    conn.busy_timeout(BUSY_TIMEOUT)?;
     conn.pragma_update(None, "auto_vacuum", "INCREMENTAL")?;
     conn.query_row("PRAGMA journal_mode = WAL", [], |_| Ok(()))?;
     conn.pragma_update(None, "synchronous", "NORMAL")?;

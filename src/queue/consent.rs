@@ -1,0 +1,100 @@
+//! The queue's part of README §Consent: the recorded consent and opt-out, and the deletion a
+//! denial asks for, in memory and in the store (its SQL is in `store/consent_sql.rs`).
+
+use super::{Queue, Store, store};
+use crate::error::{Error, Result};
+use crate::quarantine::Selector;
+use crate::shared::lock;
+use crate::stats::DropReason;
+pub use store::WAL_TRUNCATE_BOUND;
+
+/// At open, before the queue is read: a store whose record says `denied` has its kept events
+/// deleted now (a crash between the record and the delete, or a failed delete, left them).
+/// `Some` when that did not finish.
+pub(super) fn finish_recorded_denial(store: &Store) -> Option<Error> {
+    match store.finish_recorded_denial() {
+        Ok(None) => None,
+        Ok(Some(done)) => {
+            tracing::info!(
+                events = done.queued,
+                dead_letters = done.dead,
+                "consent denied: the deletion recorded before the last close is done"
+            );
+            done.wal_left
+        }
+        Err(e) => Some(e),
+    }
+}
+
+impl Queue {
+    /// Consent denied (README §Consent): deletes every queued event not in flight, in memory
+    /// and in the store, the whole quarantine, the waiting client reports and the install id,
+    /// leaving none of the user's data in the file; counts the queued ones `consent_denied` and
+    /// returns how many. An error says the file may still hold some of it (the rows, or the
+    /// WAL's old pages): the caller tries again. Events in flight are deleted by the next call
+    /// if their answer does not take them out of the queue first. `wait` bounds how long a
+    /// reader holding the WAL is waited for (zero: one try).
+    pub fn discard_for_consent(&self, wait: std::time::Duration) -> Result<u64> {
+        let _guard = self.spill_lock.lock();
+        let mut n = self.memory().clear();
+        // Counted before the store is touched: a store error must not hide what memory lost.
+        self.counters.drop(DropReason::ConsentDenied, n);
+        let (dead, wal_left) = match &self.store {
+            Some(store) => {
+                let done = store.discard_for_consent(wait)?;
+                self.counters.drop(DropReason::ConsentDenied, done.queued);
+                n += done.queued;
+                (done.dead, done.wal_left)
+            }
+            None => (
+                lock(&self.memory_quarantine).take(&Selector::All).len() as u64,
+                None,
+            ),
+        };
+        tracing::info!(
+            events = n,
+            dead_letters = dead,
+            "consent denied: kept events deleted"
+        );
+        match wal_left {
+            Some(e) => Err(e),
+            None => Ok(n),
+        }
+    }
+
+    /// Consent as the store recorded it, if it has a store and a record.
+    pub fn stored_consent(&self) -> Result<Option<crate::Consent>> {
+        let Some(store) = &self.store else {
+            return Ok(None);
+        };
+        Ok(store
+            .meta(store::meta::CONSENT)?
+            .and_then(|v| crate::Consent::from_name(&v)))
+    }
+
+    /// Records consent in the store (nothing without one), so it holds after a restart.
+    pub fn store_consent(&self, consent: crate::Consent) -> Result<()> {
+        match &self.store {
+            Some(store) => store.set_meta(store::meta::CONSENT, consent.as_str()),
+            None => Ok(()),
+        }
+    }
+
+    /// The opt-out as the store recorded it (`set_enabled`), if it has a store and a record.
+    pub fn stored_enabled(&self) -> Result<Option<bool>> {
+        let Some(store) = &self.store else {
+            return Ok(None);
+        };
+        Ok(store
+            .meta(store::meta::ENABLED)?
+            .and_then(|v| v.parse().ok()))
+    }
+
+    /// Records the opt-out in the store (nothing without one), so it holds after a restart.
+    pub fn store_enabled(&self, enabled: bool) -> Result<()> {
+        match &self.store {
+            Some(store) => store.set_meta(store::meta::ENABLED, &enabled.to_string()),
+            None => Ok(()),
+        }
+    }
+}

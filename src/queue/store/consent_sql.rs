@@ -1,0 +1,130 @@
+//! The store's part of README §Consent: a denial deletes everything kept for the user, so that
+//! the file keeps none of it, and the open of a store whose record says `denied` finishes that
+//! deletion before anything else (a crash between the record and the delete, or a delete that
+//! failed, must not leave the user's events for a later grant to send).
+//!
+//! What "none of it" takes in SQLite: `secure_delete` overwrites the deleted content (SQLite
+//! otherwise leaves it in freed cells and pages), `incremental_vacuum` gives the freed pages
+//! back to the file system, and a truncating checkpoint empties the WAL, which still holds the
+//! old pages. That checkpoint cannot finish while another connection holds a read transaction
+//! (`eventspool status` is such a reader): it is tried again within [`WAL_TRUNCATE_BOUND`], and
+//! then the deletion is reported as not done, naming the WAL, never claimed.
+
+use std::time::{Duration, Instant};
+
+use rusqlite::Connection;
+
+use super::{Store, bump, counter, delete_unleased, meta, read_meta, wal_path};
+use crate::error::{Error, Result};
+
+/// How long `set_consent(Denied)` waits for readers to let go of the WAL before it says the
+/// deletion is not done (the delivery worker then tries again, once each time, every few
+/// seconds).
+pub const WAL_TRUNCATE_BOUND: Duration = Duration::from_millis(1500);
+/// The busy timeout of each truncation try: short, so the bound above holds (the store's own
+/// busy timeout is seconds).
+const TRUNCATE_TRY: Duration = Duration::from_millis(100);
+
+/// What a denial's deletion did.
+#[derive(Debug)]
+pub struct Discarded {
+    /// Queued events deleted.
+    pub queued: u64,
+    /// Dead letters deleted.
+    pub dead: u64,
+    /// The rows are deleted but the WAL could not be emptied: their old pages are still in it.
+    pub wal_left: Option<Error>,
+}
+
+impl Store {
+    /// Consent denied: deletes every queued event not in flight, every dead letter, the client
+    /// reports waiting to be sent and the install id they name, in one transaction, and empties
+    /// the WAL (see the module docs). The queued events deleted are counted `consent_denied` in
+    /// the store. An error means nothing was deleted; [`Discarded::wal_left`] that the rows are
+    /// gone but the WAL still holds their old pages. Either way: call again. `wait` is how long
+    /// to wait for readers of the WAL (zero: try once).
+    pub fn discard_for_consent(&self, wait: Duration) -> Result<Discarded> {
+        #[cfg(feature = "test-util")]
+        if crate::testing::consent_delete_fails(&self.path) {
+            return Err(Error::Storage(
+                "deleting the kept events failed (test fault)".into(),
+            ));
+        }
+        let leased = self.leased().clone();
+        let mut conn = self.conn();
+        self.forget_quarantine_counts();
+        conn.pragma_update(None, "secure_delete", true)?;
+        let result = (|| -> Result<(u64, u64)> {
+            let tx = conn.transaction()?;
+            let queued = delete_unleased(&tx, &leased)?;
+            let dead = tx.execute("DELETE FROM quarantine", [])? as u64;
+            tx.execute("DELETE FROM reports", [])?;
+            tx.execute("DELETE FROM meta WHERE name = ?1", [meta::INSTALL_ID])?;
+            if queued > 0 {
+                bump(&tx, counter::CONSENT_DENIED, queued)?;
+            }
+            {
+                let mut stmt = tx.prepare("PRAGMA incremental_vacuum")?;
+                let mut rows = stmt.query([])?;
+                while rows.next()?.is_some() {}
+            }
+            tx.commit()?;
+            Ok((queued, dead))
+        })();
+        let restored = conn.pragma_update(None, "secure_delete", false);
+        let (queued, dead) = result?;
+        restored?;
+        self.forget_rows(queued);
+        let wal_left = self.truncate_wal(&conn, wait).err();
+        if wal_left.is_none() {
+            self.wal.truncated();
+        }
+        Ok(Discarded {
+            queued,
+            dead,
+            wal_left,
+        })
+    }
+
+    /// At open: when the record says `denied`, carries out the deletion (nothing is leased yet,
+    /// so everything goes; a reader of the WAL is not waited for, the worker tries again).
+    /// Returns what it deleted, `None` when the record says otherwise.
+    pub fn finish_recorded_denial(&self) -> Result<Option<Discarded>> {
+        let recorded = read_meta(&self.conn(), meta::CONSENT)?;
+        if recorded.as_deref() != Some(crate::Consent::Denied.as_str()) {
+            return Ok(None);
+        }
+        self.discard_for_consent(Duration::ZERO).map(Some)
+    }
+
+    /// `PRAGMA wal_checkpoint(TRUNCATE)` until its result says no reader kept it from finishing,
+    /// for at most `wait` after the first try.
+    fn truncate_wal(&self, conn: &Connection, wait: Duration) -> Result<()> {
+        conn.busy_timeout(TRUNCATE_TRY)?;
+        let deadline = Instant::now() + wait;
+        let result = loop {
+            // (busy, frames in the log, frames checkpointed); `busy` is 1 when a reader or
+            // writer kept the checkpoint from completing.
+            let busy = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
+                r.get::<_, i64>(0)
+            });
+            match busy {
+                Ok(0) => break Ok(()),
+                Ok(_) if Instant::now() < deadline => std::thread::sleep(TRUNCATE_TRY),
+                Ok(_) => {
+                    break Err(Error::Storage(format!(
+                        "the WAL {} could not be truncated (waited {} ms): another connection \
+                         holds a read transaction on the store (an `eventspool status`, or any \
+                         reader); the deleted events' old pages stay in it until that reader \
+                         closes",
+                        wal_path(&self.path).display(),
+                        wait.as_millis()
+                    )));
+                }
+                Err(e) => break Err(e.into()),
+            }
+        };
+        conn.busy_timeout(super::schema::BUSY_TIMEOUT)?;
+        result
+    }
+}

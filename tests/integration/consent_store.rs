@@ -1,0 +1,227 @@
+//! What a denial leaves in the store (README §Consent), where it meets a failing disk, a reader
+//! holding the file and a restart: the deletion is finished or retried, never claimed when it
+//! did not happen; the install id goes with it; an opt-out is kept like consent.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use eventspool::{Consent, DeliveryState, DropReason, Error, EventSpool};
+use serde_json::json;
+
+use crate::common::*;
+use crate::consent::files_contain;
+
+const MARK: &str = "consent-store-secret-51c0";
+
+/// A spool on a store in `dir`, `n` events tracked with the marked value and written to the
+/// store (nothing sent: the collector is far, the spool offline until the test says so).
+fn spool_with_kept_events(dir: &Path, url: &str, n: usize) -> (EventSpool, Arc<Recorder>) {
+    spool_on_clock(dir, url, n, instant_clock())
+}
+
+fn spool_on_clock(
+    dir: &Path,
+    url: &str,
+    n: usize,
+    clock: Arc<dyn eventspool::Clock>,
+) -> (EventSpool, Arc<Recorder>) {
+    let mut c = eventspool::Config::new(url);
+    c.db_path = Some(dir.join("events.db"));
+    c.memory_capacity = 5;
+    c.min_batch_interval_ms = 0;
+    let recorder = Arc::new(Recorder::default());
+    let spool = EventSpool::builder(c)
+        .clock(clock)
+        .observer(recorder.clone())
+        .start_offline()
+        .open()
+        .unwrap();
+    for i in 0..n {
+        spool
+            .track("private", json!({ "secret": format!("{MARK}-{i:04}") }))
+            .unwrap();
+    }
+    spool.persist().unwrap();
+    assert!(
+        !files_contain(dir, MARK.as_bytes()).is_empty(),
+        "the values are on disk before the denial (or this test proves nothing)"
+    );
+    (spool, recorder)
+}
+
+/// A failed delete: the denial is still in force (nothing is sent, the error says the
+/// deletion did not finish), and the deletion is tried again until it has happened.
+#[test]
+fn a_failed_delete_leaves_the_spool_not_delivering_and_is_retried() {
+    let collector = collector();
+    let dir = tempfile::tempdir().unwrap();
+    // A stepped clock: the worker's retries come only when the test moves it, so both the
+    // verb's delete and the worker's first one meet the fault.
+    let (clock, dyn_clock) = manual_clock();
+    let (spool, _recorder) = spool_on_clock(dir.path(), &collector.url(), 50, dyn_clock);
+    eventspool::testing::fail_consent_deletes(&dir.path().join("events.db"), 2);
+    let denied = spool.set_consent(Consent::Denied);
+    assert!(
+        denied.is_err(),
+        "a deletion that failed is not reported as done"
+    );
+    assert_eq!(spool.consent(), Consent::Denied, "the denial holds");
+    // The network is back and the app asks to send: the stored backlog must stay unsent.
+    spool.set_online(true);
+    spool.flush();
+    wait_state(&spool, "disabled", |s| *s == DeliveryState::Disabled);
+    assert!(matches!(
+        spool.track("after", json!({})),
+        Err(Error::ConsentDenied)
+    ));
+    assert_eq!(spool.stats().pending, 50, "nothing deleted yet");
+    // The worker tries again every 5 s of its clock until the delete happens.
+    let deadline = Instant::now() + WAIT;
+    while spool.stats().pending > 0 && Instant::now() < deadline {
+        clock.advance(Duration::from_secs(5));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let stats = spool.stats();
+    assert_eq!(stats.pending, 0, "the deletion was retried: {stats:?}");
+    assert_eq!(stats.dropped(DropReason::ConsentDenied), 50, "{stats:?}");
+    assert_eq!(collector.request_count(), 0, "nothing was sent meanwhile");
+    let hits = files_contain(dir.path(), MARK.as_bytes());
+    assert!(hits.is_empty(), "tracked values left in {hits:?}");
+    spool.shutdown(WAIT).unwrap();
+}
+
+/// "WAL truncated" with a reader holding the file (`eventspool status` is one): the denial
+/// reports within a bound that the WAL still holds the deleted bytes, names it, and the
+/// truncation is done once the reader lets go.
+#[test]
+fn a_reader_holding_the_wal_is_reported_and_the_truncation_retried() {
+    let collector = collector();
+    let dir = tempfile::tempdir().unwrap();
+    let (spool, _recorder) = spool_with_kept_events(dir.path(), &collector.url(), 300);
+    let db = dir.path().join("events.db");
+    let reader = rusqlite::Connection::open(&db).unwrap();
+    reader
+        .execute_batch("BEGIN; SELECT count(*) FROM meta;")
+        .unwrap();
+    let started = Instant::now();
+    let denied = spool.set_consent(Consent::Denied);
+    let took = started.elapsed();
+    let in_wal = files_contain(dir.path(), MARK.as_bytes());
+    assert!(
+        denied.is_err(),
+        "set_consent(Denied) returned Ok after {took:?} with tracked values still in {in_wal:?}"
+    );
+    let text = denied.unwrap_err().to_string();
+    assert!(
+        text.contains("WAL") && text.contains("events.db-wal"),
+        "{text}"
+    );
+    assert!(took < Duration::from_secs(4), "bounded: took {took:?}");
+    reader.execute_batch("COMMIT").unwrap();
+    drop(reader);
+    let deadline = Instant::now() + WAIT;
+    while !files_contain(dir.path(), MARK.as_bytes()).is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let hits = files_contain(dir.path(), MARK.as_bytes());
+    assert!(
+        hits.is_empty(),
+        "after the reader closed, values left in {hits:?}"
+    );
+    spool.shutdown(WAIT).unwrap();
+}
+
+/// The install id names the install while the user agrees; a denial deletes it (the store
+/// keeps none), and a new grant makes a new one, so reports before and after cannot be linked.
+#[test]
+fn a_denial_deletes_the_install_id_and_a_new_grant_makes_a_new_one() {
+    let collector = collector();
+    let dir = tempfile::tempdir().unwrap();
+    let (spool, _recorder) = spool_with_kept_events(dir.path(), &collector.url(), 3);
+    let first = spool.install_id().expect("an id while granted");
+    assert_eq!(first.len(), 32, "128 bits as hex: {first}");
+    assert!(first.bytes().all(|b| b.is_ascii_hexdigit()), "{first}");
+    spool.set_consent(Consent::Denied).unwrap();
+    assert_eq!(spool.install_id(), None, "no id while denied");
+    let hits = files_contain(dir.path(), first.as_bytes());
+    assert!(hits.is_empty(), "the old install id is left in {hits:?}");
+    spool.set_consent(Consent::Granted).unwrap();
+    let second = spool.install_id().expect("a new id after a new grant");
+    assert_ne!(first, second);
+    assert_eq!(second.len(), 32);
+    spool.shutdown(WAIT).unwrap();
+    drop(spool);
+    let mut c = eventspool::Config::new(collector.url());
+    c.db_path = Some(dir.path().join("events.db"));
+    let spool = EventSpool::builder(c)
+        .clock(instant_clock())
+        .start_offline()
+        .open()
+        .unwrap();
+    assert_eq!(spool.install_id(), Some(second), "kept while granted");
+}
+
+/// `set_enabled(false)` is kept like consent: the spool opens disabled after a restart, so a
+/// restored backlog past `flush_at` is not sent before the app says so.
+#[test]
+fn an_opt_out_outlives_a_restart() {
+    let collector = collector();
+    let dir = tempfile::tempdir().unwrap();
+    let (spool, _recorder) = spool_with_kept_events(dir.path(), &collector.url(), 40);
+    spool.set_enabled(false).unwrap();
+    spool.shutdown(WAIT).unwrap();
+    drop(spool);
+    let mut c = config(&collector);
+    c.db_path = Some(dir.path().join("events.db"));
+    c.flush_at = 10;
+    let recorder = Arc::new(Recorder::default());
+    let spool = EventSpool::builder(c)
+        .clock(instant_clock())
+        .observer(recorder.clone())
+        .open()
+        .unwrap();
+    assert_eq!(spool.stats().restored, 40);
+    assert_eq!(
+        spool.state().state,
+        DeliveryState::Disabled,
+        "opens disabled"
+    );
+    assert!(matches!(spool.track("x", json!({})), Err(Error::Disabled)));
+    spool.flush();
+    spool.wait_for(Duration::from_millis(300), |_| false);
+    assert_eq!(
+        collector.request_count(),
+        0,
+        "the backlog waits for the app"
+    );
+    spool.set_enabled(true).unwrap();
+    assert!(spool.wait_drained(WAIT), "{}", spool.state());
+    assert_eq!(collector.distinct_count(), 40);
+}
+
+/// A spool can open disabled (config `enabled = false`): nothing is sent, whatever the store
+/// holds, until `set_enabled(true)`.
+#[test]
+fn a_spool_opens_disabled_when_the_config_says_so() {
+    let collector = collector();
+    let dir = tempfile::tempdir().unwrap();
+    let (spool, _recorder) = spool_with_kept_events(dir.path(), &collector.url(), 20);
+    spool.shutdown(WAIT).unwrap();
+    drop(spool);
+    let mut c = config(&collector);
+    c.db_path = Some(dir.path().join("events.db"));
+    c.flush_at = 5;
+    c.enabled = false;
+    let spool = EventSpool::builder(c)
+        .clock(instant_clock())
+        .open()
+        .unwrap();
+    assert_eq!(spool.state().state, DeliveryState::Disabled);
+    spool.flush();
+    spool.wait_for(Duration::from_millis(300), |_| false);
+    assert_eq!(collector.request_count(), 0);
+    spool.set_enabled(true).unwrap();
+    assert!(spool.wait_drained(WAIT), "{}", spool.state());
+    assert_eq!(collector.distinct_count(), 20);
+}

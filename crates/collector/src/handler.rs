@@ -232,6 +232,7 @@ async fn route(
             record.body_bytes = length;
         }
         let message = format!("body of {length} bytes exceeds {}", limits.max_body_bytes);
+        linger(req.into_body(), pending.deadline).await;
         return Ok(shed(
             &mut pending,
             413,
@@ -344,6 +345,23 @@ fn shed(
     };
     pending.finish(Some(status), outcome);
     Reply::error(status, message).into_response(Some(retry_after))
+}
+
+/// Most bytes of a refused body read and thrown away before its 413 (see [`linger`]).
+const LINGER_BYTES: usize = 64 << 20;
+
+/// Reads and discards a body the collector has already refused, up to [`LINGER_BYTES`] or the
+/// request's deadline, as nginx's lingering close does: a client still writing its body when
+/// the connection closes sees a broken pipe, not the 413 that tells the SDK to split, and
+/// resends the same batch for ever. Past either bound the connection closes anyway.
+async fn linger(mut body: Incoming, deadline: tokio::time::Instant) {
+    let mut read = 0usize;
+    while read < LINGER_BYTES {
+        match tokio::time::timeout_at(deadline, body.frame()).await {
+            Ok(Some(Ok(frame))) => read += frame.data_ref().map_or(0, |d| d.len()),
+            _ => return,
+        }
+    }
 }
 
 /// Whether the batch holds an event with this name (see [`Behavior::drop_name`]).

@@ -366,6 +366,19 @@ async fn body_over_max_body_bytes_is_413() {
 }
 
 #[tokio::test]
+async fn a_client_writing_a_body_past_the_service_limit_reads_its_413() {
+    // Declared past `Limits::max_body_bytes`: refused before it is read, but a client that
+    // writes the whole body (reqwest does) must still read the 413, not a broken pipe.
+    let c = start();
+    let big = vec![b' '; crate::MAX_RAW_BODY_BYTES * 2];
+    let answer = post_with(&client(), &c.url(), big, &[])
+        .await
+        .expect("the 413 is read, not a broken pipe");
+    assert_eq!(answer.status, 413);
+    assert_eq!(post(&c, batch(&["a"])).await.status, 200);
+}
+
+#[tokio::test]
 async fn api_key_is_required_when_configured() {
     let c = start_with(Behavior {
         required_api_key: Some("k1".into()),

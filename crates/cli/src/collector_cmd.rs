@@ -12,8 +12,10 @@ use serde_json::json;
 use crate::{CmdResult, Failure, print_json};
 
 pub const HELP: &str = "\
-Speaks eventspool batch v1 on POST (any path; /v1/batch is canonical), stores each event once by
-event_id, and answers GET /stats with {\"distinct\",\"received\",\"requests\"}. Client reports are
+Speaks eventspool batch v1 on POST (any path but its own GET paths below; /v1/batch is
+canonical), stores each event once by event_id, and answers GET /stats with
+{\"distinct\",\"received\",\"requests\"}, GET /livez and /readyz for health, GET /metrics in
+Prometheus text. Client reports are
 totalled per install exactly once: GET /fleet answers the fleet totals, and --fleet-every prints
 them on stdout as {\"fleet\":{...}} lines when they change. The first stdout line is
 {\"addr\",\"url\"} (useful with port 0); one log line per batch goes to stderr. Runs until killed.

@@ -96,6 +96,9 @@ pub struct Stats {
     pub batches_delivered: u64,
     /// Times the store could not take events (disk full, I/O error).
     pub store_errors: u64,
+    /// Checkpoints (the WAL copied back into the database) that failed after a write that
+    /// committed: the write stands, the WAL is checkpointed after a later one.
+    pub checkpoint_errors: u64,
     /// Store files found unusable and moved aside.
     pub stores_recovered: u64,
     /// Panics caught inside background tasks or observers.

@@ -592,3 +592,108 @@ fn a_track_batch_the_full_disk_cannot_take_is_refused_whole() {
     assert_eq!(spool.track_batch(&batch).unwrap().len(), 11_000);
     assert_eq!(spool.stats().dropped_from_queue(), 0);
 }
+
+/// A clock whose `wall_ms()` blocks on the thread named `verb` until released: a verb that
+/// reads the clock between its `closed` check and its write is held exactly there.
+struct GateClock {
+    inner: Arc<eventspool::ManualClock>,
+    gate: Mutex<(bool, bool)>,
+    changed: std::sync::Condvar,
+}
+
+impl GateClock {
+    fn new() -> Arc<GateClock> {
+        Arc::new(GateClock {
+            inner: Arc::new(eventspool::ManualClock::new(1_764_417_600_000)),
+            gate: Mutex::new((false, false)),
+            changed: std::sync::Condvar::new(),
+        })
+    }
+
+    /// Waits (bounded) until the verb thread is held in `wall_ms`.
+    fn wait_held(&self) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let mut g = self.gate.lock().unwrap();
+        while !g.0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the verb never read the clock"
+            );
+            g = self
+                .changed
+                .wait_timeout(g, Duration::from_millis(20))
+                .unwrap()
+                .0;
+        }
+    }
+
+    fn release(&self) {
+        self.gate.lock().unwrap().1 = true;
+        self.changed.notify_all();
+    }
+}
+
+impl eventspool::Clock for GateClock {
+    fn now_ms(&self) -> u64 {
+        self.inner.now_ms()
+    }
+
+    fn wall_ms(&self) -> i64 {
+        if std::thread::current().name() == Some("verb") {
+            let mut g = self.gate.lock().unwrap();
+            g.0 = true;
+            self.changed.notify_all();
+            while !g.1 {
+                g = self.changed.wait(g).unwrap();
+            }
+        }
+        self.inner.wall_ms()
+    }
+
+    fn sleep_until(&self, deadline_ms: u64) -> eventspool::Sleep {
+        self.inner.sleep_until(deadline_ms)
+    }
+}
+
+/// Defect 11: a verb that passed its `closed` check (here `quarantine_redrive`, held between
+/// its check and its write) holds `shutdown()` back until it is done: `shutdown()` then saves
+/// the queued count and lets go of the store, and no write of this handle may come after that
+/// (a second handle may own the file by then).
+#[test]
+fn a_verb_past_its_check_holds_shutdown_until_it_is_done() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = fast_config("http://127.0.0.1:9/v1/batch");
+    c.db_path = Some(dir.path().join("events.db"));
+    let clock = GateClock::new();
+    let spool = EventSpool::builder(c)
+        .clock(clock.clone())
+        .start_offline()
+        .open()
+        .unwrap();
+    let verb = {
+        let spool = spool.clone();
+        std::thread::Builder::new()
+            .name("verb".into())
+            .spawn(move || spool.quarantine_redrive(&eventspool::Selector::All))
+            .unwrap()
+    };
+    clock.wait_held();
+    let shutdown = {
+        let spool = spool.clone();
+        std::thread::spawn(move || spool.shutdown(Duration::from_secs(5)))
+    };
+    // As long as shutdown() takes when nothing holds it back, and then some.
+    let deadline = std::time::Instant::now() + Duration::from_secs(1);
+    while !shutdown.is_finished() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let finished_early = shutdown.is_finished();
+    clock.release();
+    let redriven = verb.join().unwrap();
+    shutdown.join().unwrap().unwrap();
+    assert!(
+        !finished_early,
+        "shutdown() returned while quarantine_redrive, past its check, had yet to write \
+         (it then wrote to a released store: {redriven:?})"
+    );
+}

@@ -1238,6 +1238,9 @@ fn seqs_by_origin(events: &[(QueuedEvent, bool)]) -> (Vec<u64>, Vec<u64>) {
 mod failure_tests;
 
 #[cfg(test)]
+mod fault_table;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use crate::event::EventId;

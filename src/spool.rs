@@ -849,6 +849,17 @@ impl Handle {
         // Callers of deliver_within still waiting get `ShutDown`: their senders go.
         lock(&s.drains).waiting.clear();
         let result = s.persist().map(|_| ());
+        if s.queue.has_store() {
+            // What the store refused (memory holds it only after a failed persist) cannot
+            // outlive this handle: counted, and named.
+            let lost = s.queue.drop_unstored();
+            if !lost.is_empty() {
+                s.notice(Notice::EventsDropped {
+                    reason: DropReason::StoreRefused.as_str().to_string(),
+                    event_ids: lost.iter().map(|id| id.to_string()).collect(),
+                });
+            }
+        }
         // What changed since the last client report is kept as one more, sent after a restart.
         s.fleet.cut(&s.queue, &s.full_stats());
         s.queue.stop_spiller();

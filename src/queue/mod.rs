@@ -853,6 +853,7 @@ impl Queue {
         // skip them and no other batch reads them, so each event stays in one place, counted once.
         let copy_seqs: Vec<u64> = copies.iter().map(|e| e.seq).collect();
         store.lease(&copy_seqs);
+        self.write_held_dead_letters(store);
         let first_copy = moved.len();
         let mut all = moved;
         all.extend(copies);
@@ -1057,7 +1058,22 @@ impl Queue {
         from_queue.extend(self.memory().persisted_of(&memory));
         let evicted = match &self.store {
             Some(store) => {
-                store.with_quarantine_moving(&from_queue, |q| q.add(&entries, max, cutoff))?
+                // Dead letters the store refused before go with these.
+                let mut all = lock(&self.memory_quarantine).take(&Selector::All);
+                all.extend(entries);
+                match store.with_quarantine_moving(&from_queue, |q| q.add(&all, max, cutoff)) {
+                    Ok(evicted) => evicted,
+                    Err(e) => {
+                        // The store refused them (a full disk): they wait in memory as dead
+                        // letters, are written by the next quarantine or persist() that
+                        // succeeds, and count as quarantined meanwhile, so the batch is not
+                        // sent again and again; its rows leave the queue with its
+                        // acknowledgement.
+                        tracing::warn!(error = %e, events = all.len(), "the store refused dead letters; kept in memory");
+                        self.counters.store_errors.fetch_add(1, Ordering::Relaxed);
+                        lock(&self.memory_quarantine).add(all, max, cutoff)
+                    }
+                }
             }
             None => lock(&self.memory_quarantine).add(entries, max, cutoff),
         };
@@ -1138,6 +1154,7 @@ impl Queue {
         wall_ms: i64,
         mut next_seq: impl FnMut() -> u64,
     ) -> Result<u64> {
+        let held = self.redrive_from_memory(selector, wall_ms, &mut next_seq)?;
         match &self.store {
             Some(store) => {
                 let _guard = self.spill_lock.lock();
@@ -1145,32 +1162,43 @@ impl Queue {
                 // Counted before the lock goes, so the worker cannot deliver them first and
                 // take `pending` below zero.
                 self.counters.entered(Entry::Redriven, n);
-                Ok(n)
+                Ok(n + held)
             }
-            None => {
-                let taken = lock(&self.memory_quarantine).take(selector);
-                let n = taken.len() as u64;
-                self.counters.entered(Entry::Redriven, n);
-                for q in taken {
-                    let id = EventId::parse(&q.event_id)?;
-                    let event = QueuedEvent {
-                        ts_ms: q.ts_ms,
-                        seq: next_seq(),
-                        id,
-                        json: q.body.into_boxed_str(),
-                        // A new acceptance with a fresh send budget (see `Store::redrive`).
-                        accepted_ms: wall_ms,
-                        sends: q.sends,
-                        unanswered: 0,
-                        critical: false,
-                    };
-                    let overflow = self.memory().push(event, self.capacity(), false);
-                    self.counters
-                        .drop(DropReason::MemoryOverflow, overflow.dropped);
-                }
-                Ok(n)
-            }
+            None => Ok(held),
         }
+    }
+
+    /// Redrives the dead letters memory holds (a memory-only spool's, or those the store
+    /// refused) into the memory queue.
+    fn redrive_from_memory(
+        &self,
+        selector: &Selector,
+        wall_ms: i64,
+        next_seq: &mut impl FnMut() -> u64,
+    ) -> Result<u64> {
+        let taken = lock(&self.memory_quarantine).take(selector);
+        let n = taken.len() as u64;
+        self.counters.entered(Entry::Redriven, n);
+        for q in taken {
+            let id = EventId::parse(&q.event_id)?;
+            let event = QueuedEvent {
+                ts_ms: q.ts_ms,
+                seq: next_seq(),
+                id,
+                json: q.body.into_boxed_str(),
+                // A new acceptance with a fresh send budget (see `Store::redrive`).
+                accepted_ms: wall_ms,
+                sends: q.sends,
+                unanswered: 0,
+                critical: false,
+            };
+            let overflow = self
+                .memory()
+                .push(event, self.capacity(), self.store.is_some());
+            self.counters
+                .drop(DropReason::MemoryOverflow, overflow.dropped);
+        }
+        Ok(n)
     }
 
     /// The first free seq of the store (an operator's redrive continues from it).
@@ -1181,26 +1209,54 @@ impl Queue {
         }
     }
 
-    /// Quarantined events, oldest first.
+    /// Quarantined events, oldest first (those the store refused, held in memory, last).
     pub fn quarantine_list(&self, filter: &ListFilter) -> Result<Vec<QuarantinedEvent>> {
+        let held = lock(&self.memory_quarantine).list(filter);
         match &self.store {
-            Some(store) => store.with_quarantine(|q| q.list(filter)),
-            None => Ok(lock(&self.memory_quarantine).list(filter)),
+            Some(store) => {
+                let mut listed = store.with_quarantine(|q| q.list(filter))?;
+                listed.extend(held);
+                Ok(listed)
+            }
+            None => Ok(held),
         }
     }
 
     pub fn quarantine_get(&self, event_id: &str) -> Result<Option<QuarantinedEvent>> {
+        if let Some(held) = lock(&self.memory_quarantine).get(event_id) {
+            return Ok(Some(held));
+        }
         match &self.store {
             Some(store) => store.with_quarantine(|q| q.get(event_id)),
-            None => Ok(lock(&self.memory_quarantine).get(event_id)),
+            None => Ok(None),
         }
     }
 
     /// Deletes quarantined events for good. Returns how many.
     pub fn quarantine_purge(&self, selector: &Selector) -> Result<u64> {
+        let held = lock(&self.memory_quarantine).take(selector).len() as u64;
         match &self.store {
-            Some(store) => store.with_quarantine(|q| q.purge(selector)),
-            None => Ok(lock(&self.memory_quarantine).take(selector).len() as u64),
+            Some(store) => Ok(store.with_quarantine(|q| q.purge(selector))? + held),
+            None => Ok(held),
+        }
+    }
+
+    /// Writes the dead letters the store refused before (held in memory) when it takes them
+    /// now; the caller holds the spill lock.
+    fn write_held_dead_letters(&self, store: &Store) {
+        let held = lock(&self.memory_quarantine).take(&Selector::All);
+        if held.is_empty() {
+            return;
+        }
+        let max = self.params.quarantine_max_events;
+        // The age limit is applied by the next regular quarantine write, which knows the clock.
+        match store.with_quarantine(|q| q.add(&held, max, i64::MIN)) {
+            Ok(evicted) => {
+                self.counters.drop(DropReason::QuarantineCap, evicted.cap);
+            }
+            Err(_) => {
+                lock(&self.memory_quarantine).add(held, u64::MAX, i64::MIN);
+            }
         }
     }
 
@@ -1208,14 +1264,36 @@ impl Queue {
     /// bytes on disk, and the quarantine by reason.
     pub fn fill_stats(&self, stats: &mut crate::stats::Stats) {
         stats.pending_memory = self.memory().len() as u64;
+        stats.quarantine = lock(&self.memory_quarantine).counts();
         if let Some(store) = &self.store {
             stats.pending_disk = store.len();
             stats.store_bytes = store.disk_usage();
             stats.checkpoint_errors = store.checkpoint_errors();
-            stats.quarantine = store.quarantine_counts().unwrap_or_default();
-        } else {
-            stats.quarantine = lock(&self.memory_quarantine).counts();
+            for (reason, n) in store.quarantine_counts().unwrap_or_default() {
+                *stats.quarantine.entry(reason).or_default() += n;
+            }
         }
+    }
+
+    /// At shutdown, after a final persist the store refused: the events only memory holds
+    /// cannot be kept, so they are dropped and counted (`store_refused`; dead letters it held,
+    /// `quarantine_refused`); returns the events' ids.
+    /// Those of a batch in flight stay (its answer decides; the store holds them if `persist`
+    /// copied them).
+    pub fn drop_unstored(&self) -> Vec<EventId> {
+        let _guard = self.spill_lock.lock();
+        let mut memory = self.memory();
+        let ids: Vec<EventId> = memory.peek(usize::MAX, true).map(|e| e.id).collect();
+        memory.clear();
+        drop(memory);
+        self.settle_tickets_gone();
+        self.counters
+            .drop(DropReason::StoreRefused, ids.len() as u64);
+        if self.store.is_some() {
+            let dead = lock(&self.memory_quarantine).take(&Selector::All).len() as u64;
+            self.counters.drop(DropReason::QuarantineRefused, dead);
+        }
+        ids
     }
 
     /// Gives up the store's owner lock (after shutdown) so another handle may open it.

@@ -414,6 +414,7 @@ impl Store {
     /// clones of the old handle may still be alive). The caller no longer writes to it.
     pub fn release_ownership(&self) {
         let mut conn = self.conn();
+        self.try_settle_owed(&mut conn);
         // For the next open (`queued_rows`), guarded against writers that do not know it. Not
         // when the count may be wrong (a drift, rows still owed a delete): that open counts the
         // table, and so it does if this write fails.
@@ -1487,14 +1488,21 @@ fn db_pages(conn: &Connection) -> Result<u64> {
 fn queued_rows(conn: &mut Connection) -> rusqlite::Result<u64> {
     let saved = read_meta(conn, meta::QUEUE_ROWS_AT_CLOSE)?;
     // The count and its guard go in one small write, before anything else can change the
-    // table (a store without either writes nothing here).
-    let tx = conn.transaction()?;
-    tx.execute(
-        "DELETE FROM meta WHERE name = ?1",
-        [meta::QUEUE_ROWS_AT_CLOSE],
-    )?;
-    tx.execute_batch(schema::UNGUARD_SAVED_COUNT)?;
-    tx.commit()?;
+    // table (a store without either writes nothing here). On a full disk the write fails and
+    // both stay: the count is still right (the guard voids it at the first change of the
+    // table), so the store opens all the same.
+    let taken = (|| -> rusqlite::Result<()> {
+        let tx = conn.transaction()?;
+        tx.execute(
+            "DELETE FROM meta WHERE name = ?1",
+            [meta::QUEUE_ROWS_AT_CLOSE],
+        )?;
+        tx.execute_batch(schema::UNGUARD_SAVED_COUNT)?;
+        tx.commit()
+    })();
+    if let Err(e) = taken {
+        tracing::warn!(error = %e, "the saved queued count could not be taken out; its guard stays");
+    }
     if let Some(rows) = saved.and_then(|s| s.parse().ok()) {
         return Ok(rows);
     }

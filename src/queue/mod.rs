@@ -1154,18 +1154,19 @@ impl Queue {
         wall_ms: i64,
         mut next_seq: impl FnMut() -> u64,
     ) -> Result<u64> {
-        let held = self.redrive_from_memory(selector, wall_ms, &mut next_seq)?;
-        match &self.store {
+        // The store first: if it refuses, nothing was redriven.
+        let stored = match &self.store {
             Some(store) => {
                 let _guard = self.spill_lock.lock();
-                let n = store.redrive(selector, wall_ms, next_seq)?;
+                let n = store.redrive(selector, wall_ms, &mut next_seq)?;
                 // Counted before the lock goes, so the worker cannot deliver them first and
                 // take `pending` below zero.
                 self.counters.entered(Entry::Redriven, n);
-                Ok(n + held)
+                n
             }
-            None => Ok(held),
-        }
+            None => 0,
+        };
+        Ok(stored + self.redrive_from_memory(selector, wall_ms, &mut next_seq)?)
     }
 
     /// Redrives the dead letters memory holds (a memory-only spool's, or those the store
@@ -1234,11 +1235,12 @@ impl Queue {
 
     /// Deletes quarantined events for good. Returns how many.
     pub fn quarantine_purge(&self, selector: &Selector) -> Result<u64> {
-        let held = lock(&self.memory_quarantine).take(selector).len() as u64;
-        match &self.store {
-            Some(store) => Ok(store.with_quarantine(|q| q.purge(selector))? + held),
-            None => Ok(held),
-        }
+        // The store first: if it refuses, nothing was purged.
+        let stored = match &self.store {
+            Some(store) => store.with_quarantine(|q| q.purge(selector))?,
+            None => 0,
+        };
+        Ok(stored + lock(&self.memory_quarantine).take(selector).len() as u64)
     }
 
     /// Writes the dead letters the store refused before (held in memory) when it takes them

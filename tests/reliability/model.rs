@@ -1089,6 +1089,23 @@ impl Harness {
             })
             .count() as u64;
         let dropped: u64 = self.closed.dropped.values().sum();
+        if gone != dropped && std::env::var("EVENTSPOOL_MODEL_DEBUG").is_ok() {
+            for id in self.accepted.keys().filter(|id| {
+                !acked.contains(*id)
+                    && !queued.contains(*id)
+                    && !quarantined.contains(*id)
+                    && !self.quarantine_purged.contains(*id)
+            }) {
+                eprintln!("gone: {id} accepted {:?}", self.accepted[id]);
+            }
+            for r in self.collector.requests() {
+                eprintln!(
+                    "request #{} status {:?} ids {:?} names {:?}",
+                    r.index, r.status, r.event_ids, r.names
+                );
+            }
+            eprintln!("purged {:?}", self.quarantine_purged);
+        }
         if gone != dropped {
             return Err(format!(
                 "{gone} tracked events are neither delivered, quarantined nor queued, but {dropped} drops were counted ({:?})",
@@ -1214,6 +1231,13 @@ fn model_replay_age_counts_from_track() {
 #[test]
 fn model_replay_age_counts_from_redrive() {
     replay("spill: script:400 track:ok advance:29h redrive");
+}
+
+/// The store's fault steps: a quarantine purge the store refused had already emptied the dead
+/// letters held in memory (the quarantine write before it had failed), and said it purged none.
+#[test]
+fn model_replay_a_refused_purge_keeps_the_dead_letters_held_in_memory() {
+    replay("spill: fail:3 track:reject purge_quarantine track:ok");
 }
 
 /// Replays the case in `EVENTSPOOL_MODEL_CASE` (as a failure prints it), for diagnosis:

@@ -10,6 +10,7 @@ use serde_json::json;
 
 use crate::common::{fast_config, integrity_ok};
 use crate::reentrant::Reentrant;
+use crate::tinyfs::{TinyFs, fill};
 
 /// Records notices so a test can check what the app was told.
 #[derive(Default)]
@@ -176,65 +177,6 @@ fn a_store_path_that_cannot_exist_is_refused_naming_it() {
         err.to_string().contains("plain-file"),
         "error does not name the path: {err}"
     );
-}
-
-/// A tiny tmpfs mounted for one test. Mounting needs root (CI runs as root); where it is not
-/// permitted the test fails saying so, rather than passing without having run.
-struct TinyFs {
-    dir: tempfile::TempDir,
-}
-
-impl TinyFs {
-    fn mount(bytes: u64) -> TinyFs {
-        let dir = tempfile::tempdir().expect("temp dir for the tmpfs mount point");
-        let out = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs"])
-            .arg(dir.path())
-            .output();
-        match out {
-            Ok(out) if out.status.success() => TinyFs { dir },
-            Ok(out) => panic!(
-                "this test needs `mount -t tmpfs` (run as root, as CI does); mount refused: {} {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
-            ),
-            Err(e) => panic!("this test needs `mount -t tmpfs` (run as root, as CI does): {e}"),
-        }
-    }
-
-    fn path(&self) -> &Path {
-        self.dir.path()
-    }
-
-    fn remount(&self, opts: &str) {
-        let ok = std::process::Command::new("mount")
-            .args(["-o", &format!("remount,{opts}")])
-            .arg(self.dir.path())
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "remount {opts}");
-    }
-}
-
-impl Drop for TinyFs {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount")
-            .arg("-l")
-            .arg(self.dir.path())
-            .status();
-    }
-}
-
-/// Fills the file system with one file until it refuses more.
-fn fill(dir: &Path) -> PathBuf {
-    use std::io::Write;
-    let path = dir.join("filler");
-    let mut f = std::fs::File::create(&path).unwrap();
-    let block = vec![0u8; 4096];
-    while f.write_all(&block).is_ok() {}
-    let _ = f.sync_all();
-    path
 }
 
 fn full_disk() {
@@ -696,4 +638,75 @@ fn a_verb_past_its_check_holds_shutdown_until_it_is_done() {
         "shutdown() returned while quarantine_redrive, past its check, had yet to write \
          (it then wrote to a released store: {redriven:?})"
     );
+}
+
+/// A real file system that fills in the middle of a spill (a 1 MiB tmpfs under a store whose
+/// cap is far above it): the spill thread's transactions fail part-way, tracking goes on in
+/// memory; once space returns, every tracked event is delivered exactly once or counted.
+#[test]
+fn a_disk_that_fills_during_a_spill_leaves_every_event_delivered_once_or_counted() {
+    let fs = TinyFs::mount(1024 * 1024);
+    let collector = ReferenceCollector::start(CollectorConfig::default()).unwrap();
+    let notices = Arc::new(Notices::default());
+    let mut c = fast_config(&collector.url());
+    c.db_path = Some(fs.path().join("events.db"));
+    c.max_disk_bytes = 8 << 20;
+    c.memory_capacity = 100;
+    let spool = EventSpool::builder(c)
+        .observer(notices.clone())
+        .start_offline()
+        .open()
+        .unwrap();
+    let mut tracked = 0u64;
+    for i in 0..20_000 {
+        spool
+            .track("burst", json!({"i": i, "pad": "x".repeat(120)}))
+            .unwrap();
+        tracked += 1;
+        if i % 2_000 == 1_999 {
+            let _ = spool.persist();
+        }
+    }
+    let stats = spool.stats();
+    assert!(
+        stats.store_errors > 0,
+        "the 1 MiB file system never filled: {stats:?}"
+    );
+    assert!(stats.balances(), "{stats:?}");
+    assert!(
+        notices
+            .0
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|n| matches!(n, Notice::StoreUnavailable { .. })),
+        "no StoreUnavailable notice"
+    );
+    let on_disk = spool.stats().pending_disk;
+    fs.remount("size=64m");
+    spool.persist().unwrap();
+    spool.set_online(true);
+    assert!(
+        spool.wait_drained(Duration::from_secs(120)),
+        "did not drain once space returned: {:?}",
+        spool.stats()
+    );
+    let stats = spool.stats();
+    assert_eq!(
+        tracked,
+        stats.delivered + stats.dropped_from_queue(),
+        "tracked = delivered + dropped: {stats:?}"
+    );
+    assert_eq!(collector.distinct_count(), stats.delivered, "{stats:?}");
+    assert_eq!(
+        collector.received_count(),
+        collector.distinct_count(),
+        "an event arrived twice"
+    );
+    eprintln!(
+        "disk full mid-spill: {tracked} tracked, {on_disk} on the full disk, {} store errors, {} delivered, dropped {:?}",
+        stats.store_errors, stats.delivered, stats.dropped
+    );
+    spool.shutdown(Duration::from_secs(5)).unwrap();
+    integrity_ok(&fs.path().join("events.db")).unwrap();
 }

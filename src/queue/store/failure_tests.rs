@@ -189,3 +189,43 @@ fn undecryptable_rows_do_not_break_the_order_of_a_batch() {
     assert_eq!(got, [120, 130], "out of timestamp order");
     assert_eq!(store.take_undecryptable().quarantined, 2);
 }
+
+/// Defect 4: version 6 held rows whose meaning changed without a bump; 7 is the bump. A
+/// version 6 file with a body sealed under the associated data of then and a saved count (a
+/// wrong one, as a build that did not know it could leave) upgrades in place: the body opens
+/// and is sent as it was, the count is taken from the table.
+#[test]
+fn a_version_6_store_upgrades_to_7_and_its_sealed_rows_still_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v6.db");
+    let keys = sealed();
+    let e = row(1_000, 3);
+    let id = e.id.to_string();
+    {
+        let conn = raw(&path);
+        schema::create_at(&conn, 6);
+        conn.execute(
+            "INSERT INTO keys (key_id, check_record) VALUES (1, ?1)",
+            [keys.check_record(1).unwrap()],
+        )
+        .unwrap();
+        let tail = e.wire_tail(&id).expect("a head to leave out");
+        conn.execute(
+            "INSERT INTO events (seq, ts, event_id, body, accepted, lane, key_id, in_order)
+             VALUES (3, 1000, ?1, ?2, 5, 1, 1, 1)",
+            params![id, keys.seal(BODY, &id, tail)],
+        )
+        .unwrap();
+        write_meta(&conn, meta::QUEUE_ROWS_AT_CLOSE, "5").unwrap();
+    }
+    let store = Store::open(&path, 8 << 20, 0, sealed()).unwrap().store;
+    assert_eq!(store.len(), 1, "the count saved under 6 is not trusted");
+    let out = store.oldest(10).unwrap();
+    assert_eq!(out.len(), 1, "the sealed row opens after the upgrade");
+    assert_eq!(&*out[0].json, &*e.json, "sent byte for byte as it was");
+    let version: i64 = raw(&path)
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .unwrap();
+    assert_eq!(version, schema::SCHEMA_VERSION);
+    assert_eq!(schema::SCHEMA_VERSION, 7);
+}

@@ -229,6 +229,15 @@ pub fn migrate(
     Ok(())
 }
 
+/// A file as version `version` wrote it (its SQL, its `user_version`), for upgrade tests.
+#[cfg(test)]
+pub fn create_at(conn: &Connection, version: i64) {
+    for step in &MIGRATIONS[..version as usize] {
+        conn.execute_batch(&step.replace(UPGRADE_MS, "5")).unwrap();
+    }
+    conn.pragma_update(None, "user_version", version).unwrap();
+}
+
 /// A [`DataStep`] for stores without sealed rows (tests of the SQL alone).
 #[cfg(test)]
 pub fn no_data(_: i64, _: &Transaction<'_>) -> rusqlite::Result<()> {

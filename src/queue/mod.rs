@@ -401,10 +401,10 @@ impl Queue {
     /// store holds them, or why not. Group commit on the callers' own threads: each caller
     /// queues its events, then waits for the spill lock; whoever gets it commits what is
     /// queued by then, and the callers whose events that commit held find their tickets
-    /// settled and leave. With `durability = spill` one chunk is written at a time, oldest
-    /// first (critical events sort before every normal one), so a caller is done once its own
-    /// chunk commits, not once the whole backlog is on disk. The deadline
-    /// ([`ALWAYS_COMMIT_WAIT`]) is checked after every chunk.
+    /// settled and leave. With `durability = spill` (a critical event) the caller writes only
+    /// the oldest events, as many as durable callers wait for (critical events sort before
+    /// every normal one), so it is done once its own events commit, not once the whole backlog
+    /// is on disk. The deadline ([`ALWAYS_COMMIT_WAIT`]) is checked after every commit.
     pub fn push_durably(
         &self,
         events: impl IntoIterator<Item = QueuedEvent>,
@@ -457,7 +457,7 @@ impl Queue {
                 parking_lot::MutexGuard::unlock_fair(guard);
                 continue;
             }
-            let _ = self.spill_locked();
+            let _ = self.spill_for_durable();
             parking_lot::MutexGuard::unlock_fair(guard);
         }
     }
@@ -597,6 +597,22 @@ impl Queue {
     /// always`, whose callers wait for one shared commit). The caller holds `spill_lock`, so a
     /// refusal is queued as a notice for the caller to deliver after it let go.
     fn spill_locked(&self) -> Result<()> {
+        self.spill_chunk(SPILL_CHUNK)
+    }
+
+    /// What a durable caller writes itself, holding the spill lock: with `durability = spill`
+    /// only as many of the oldest events as durable callers wait for (critical events sort
+    /// before every normal one, so those are theirs), a small commit that does not make the
+    /// caller pay for a 1,000-row chunk (nor for the checkpoint such a chunk may bring); with
+    /// `always`, everything queued (group commit).
+    fn spill_for_durable(&self) -> Result<()> {
+        let waiting = lock(&self.signal).waiting.len();
+        self.spill_chunk(waiting.clamp(1, SPILL_CHUNK))
+    }
+
+    /// [`Queue::spill_locked`] taking at most `max` events waiting to spill (`durability =
+    /// spill`).
+    fn spill_chunk(&self, max: usize) -> Result<()> {
         let Some(store) = &self.store else {
             return Ok(());
         };
@@ -609,7 +625,7 @@ impl Queue {
         let (events, rest) = {
             let mut memory = self.memory();
             let events = match self.params.durability {
-                Durability::Spill => memory.take_spill(SPILL_CHUNK),
+                Durability::Spill => memory.take_spill(max),
                 Durability::Always => memory.take_unstored(),
             };
             (events, memory.spill_len())
@@ -687,7 +703,12 @@ impl Queue {
     /// The caller delivers the notices.
     pub fn spill_now(&self) -> Result<()> {
         let guard = self.spill_lock.lock();
-        let result = self.spill_locked();
+        // A durable caller waits: its events first, in a commit of their own.
+        let result = if self.durable_waiting() {
+            self.spill_for_durable()
+        } else {
+            self.spill_locked()
+        };
         parking_lot::MutexGuard::unlock_fair(guard);
         result
     }
@@ -753,7 +774,7 @@ impl Queue {
     /// The inbox is not folded meanwhile, so tracking threads do not ask again either.
     /// With `durability = always` callers wait for their commit: no gathering.
     fn gather(&self) {
-        if self.params.durability != Durability::Spill {
+        if self.params.durability != Durability::Spill || self.durable_waiting() {
             return;
         }
         let deadline = Instant::now() + SPILL_LINGER_MAX;

@@ -65,6 +65,8 @@ pub use quarantine::reason as quarantine_reason;
 pub use quarantine::{ListFilter, QuarantinedEvent, Selector};
 pub use queue::SPILL_BACKLOG_MIN;
 pub use queue::disk_usage;
+#[cfg(feature = "test-util")]
+pub use queue::{FaultError, FaultSite, StoreFaults};
 pub use spool::{EventSpool, SpoolBuilder};
 pub use state::{
     DeferReason, DeliveryConditions, DeliveryObserver, DeliveryState, DeliveryStatus, DrainOutcome,

@@ -40,6 +40,8 @@ pub struct SpoolBuilder {
     observers: Vec<Arc<dyn DeliveryObserver>>,
     online: bool,
     jitter_seed: Option<u64>,
+    /// How the store opens its connection (a test's fault point, feature `test-util`).
+    faults: crate::queue::FaultPoint,
 }
 
 impl SpoolBuilder {
@@ -72,6 +74,15 @@ impl SpoolBuilder {
     /// replayed exactly. Apps leave it unset: a fleet must not share one sequence of delays.
     pub fn jitter_seed(mut self, seed: u64) -> Self {
         self.jitter_seed = Some(seed);
+        self
+    }
+
+    /// Opens the store through a fault point that fails the writes a test chooses (see
+    /// [`crate::StoreFaults`]). Here rather than in [`Config`], which holds settings that have a
+    /// text form: like the clock, it is a collaborator a test hands over.
+    #[cfg(feature = "test-util")]
+    pub fn store_faults(mut self, faults: crate::StoreFaults) -> Self {
+        self.faults = crate::queue::FaultPoint::new(Some(faults));
         self
     }
 
@@ -115,6 +126,7 @@ impl EventSpool {
             observers: Vec::new(),
             online: true,
             jitter_seed: None,
+            faults: Default::default(),
         }
     }
 
@@ -152,13 +164,14 @@ impl EventSpool {
         let params = QueueParams::of(&config);
         let (queue, restored, next_seq, recovered, unfinished_denial) = match &config.db_path {
             Some(path) => {
-                let opened = Queue::open(
+                let opened = Queue::open_with(
                     path,
                     config.max_disk_bytes,
                     clock.wall_ms(),
                     params,
                     counters.clone(),
                     deferred_notices.clone(),
+                    b.faults,
                 )?;
                 (
                     opened.queue,
@@ -355,9 +368,9 @@ impl EventSpool {
             }
             self.accept(std::iter::once(queued), 1, critical)
                 .map(|()| id)
-                .map_err(|reason| Error::NotDurable {
-                    event_ids: vec![id],
-                    reason,
+                .map_err(|refusal| Error::NotDurable {
+                    event_ids: refusal.event_ids,
+                    reason: refusal.reason,
                 })
         };
         if critical || self.shared().config.durability == Durability::Always {
@@ -417,7 +430,6 @@ impl EventSpool {
 
     /// Records what a `track_batch` kept, all or none (`BatchRefused`).
     fn record_batch(&self, prepared: Vec<QueuedEvent>) -> Result<()> {
-        let ids: Vec<EventId> = prepared.iter().map(|q| q.id).collect();
         let n = prepared.len() as u64;
         let s = self.shared();
         // A batch holding a critical event is committed whole before the call returns.
@@ -436,11 +448,14 @@ impl EventSpool {
                 )));
             }
         }
-        self.accept(prepared, n, critical)
-            .map_err(|reason| Error::NotDurable {
-                event_ids: ids,
-                reason,
-            })
+        match self.accept(prepared, n, critical) {
+            Ok(()) => Ok(()),
+            // Names the events that are only in memory; the others are on disk.
+            Err(refusal) => Err(Error::NotDurable {
+                event_ids: refusal.event_ids,
+                reason: refusal.reason,
+            }),
+        }
     }
 
     /// What the collector's directive in force (src/fleet) says of a new event named `name`;
@@ -490,7 +505,7 @@ impl EventSpool {
         events: impl IntoIterator<Item = QueuedEvent>,
         n: u64,
         critical: bool,
-    ) -> std::result::Result<(), String> {
+    ) -> std::result::Result<(), crate::queue::Refusal> {
         let s = self.shared();
         if n == 0 {
             return Ok(());
@@ -649,9 +664,7 @@ impl EventSpool {
     /// store before it returns, so the spool opens disabled after a restart (README §Consent);
     /// an error says the record could not be written, and nothing changed.
     pub fn set_enabled(&self, enabled: bool) -> Result<()> {
-        if self.handle.closed.load(Ordering::Relaxed) {
-            return Err(Error::ShutDown);
-        }
+        let _admitted = self.admit_verb()?;
         let _one_at_a_time = lock(&self.handle.consent_verb);
         let s = self.shared();
         s.queue.store_enabled(enabled)?;
@@ -685,6 +698,9 @@ impl EventSpool {
     /// `Pending` first finishes it (returning that error, with nothing changed, if it still
     /// cannot).
     pub fn set_consent(&self, consent: Consent) -> Result<()> {
+        // Upgradable: held like a verb's shared admission (shutdown() waits for it), and turned
+        // into the exclusive one below without letting go.
+        let admitted = self.handle.admission.upgradable_read();
         if self.handle.closed.load(Ordering::Relaxed) {
             return Err(Error::ShutDown);
         }
@@ -719,7 +735,9 @@ impl EventSpool {
             Consent::Denied => {
                 // Waits for the track() calls already past their consent check, so their
                 // events are queued before the discard below; every later call sees `Denied`.
-                drop(self.handle.admission.write());
+                // Upgraded, not let go: shutdown() cannot slip in between.
+                let all = parking_lot::RwLockUpgradableReadGuard::upgrade(admitted);
+                let _admitted = parking_lot::RwLockWriteGuard::downgrade_to_upgradable(all);
                 s.fleet.forget_install(&s.full_stats());
                 if let Err(e) = s
                     .queue
@@ -743,10 +761,20 @@ impl EventSpool {
 
     /// Deletes every queued event (memory and store) that is not in flight; returns how many.
     pub fn purge_pending(&self) -> Result<u64> {
+        let _admitted = self.admit_verb()?;
+        self.shared().queue.purge()
+    }
+
+    /// The admission a verb that writes to the store holds for its whole run, as `track()`
+    /// does: `shutdown()` waits for it before it persists and lets go of the store, so nothing
+    /// of this handle writes after that (a second handle may own the file by then). Refused
+    /// once the spool is shut down.
+    fn admit_verb(&self) -> Result<parking_lot::RwLockReadGuard<'_, ()>> {
+        let admitted = self.handle.admission.read_recursive();
         if self.handle.closed.load(Ordering::Relaxed) {
             return Err(Error::ShutDown);
         }
-        self.shared().queue.purge()
+        Ok(admitted)
     }
 
     /// The current state, with `retry_in_ms` computed now.
@@ -860,22 +888,19 @@ impl EventSpool {
     /// Puts quarantined events back in the queue with their original `event_id`; they go out
     /// through the normal throttled batches. Returns how many.
     pub fn quarantine_redrive(&self, selector: &Selector) -> Result<u64> {
-        if self.handle.closed.load(Ordering::Relaxed) {
-            return Err(Error::ShutDown);
-        }
-        let s = self.shared();
-        let n = s
-            .queue
-            .redrive(selector, s.clock.wall_ms(), || s.next_seq())?;
+        let n = {
+            let _admitted = self.admit_verb()?;
+            let s = self.shared();
+            s.queue
+                .redrive(selector, s.clock.wall_ms(), || s.next_seq())?
+        };
         self.flush();
         Ok(n)
     }
 
     /// Deletes quarantined events for good. Returns how many.
     pub fn quarantine_purge(&self, selector: &Selector) -> Result<u64> {
-        if self.handle.closed.load(Ordering::Relaxed) {
-            return Err(Error::ShutDown);
-        }
+        let _admitted = self.admit_verb()?;
         let s = self.shared();
         let n = s.queue.quarantine_purge(selector)?;
         s.fleet.count_quarantine_purged(n);
@@ -925,6 +950,17 @@ impl Handle {
         // Callers of deliver_within still waiting get `ShutDown`: their senders go.
         lock(&s.drains).waiting.clear();
         let result = s.persist().map(|_| ());
+        if s.queue.has_store() {
+            // What the store refused (memory holds it only after a failed persist) cannot
+            // outlive this handle: counted, and named.
+            let lost = s.queue.drop_unstored();
+            if !lost.is_empty() {
+                s.notice(Notice::EventsDropped {
+                    reason: DropReason::StoreRefused.as_str().to_string(),
+                    event_ids: lost.iter().map(|id| id.to_string()).collect(),
+                });
+            }
+        }
         // What changed since the last client report is kept as one more, sent after a restart.
         s.fleet.cut(&s.queue, &s.full_stats());
         s.fleet.save_clock(&s.queue, s.clock.now_ms());

@@ -32,10 +32,16 @@ pub enum DropReason {
     NameDropped,
     /// Tracking consent was denied: what was kept for the user is deleted, never sent.
     ConsentDenied,
+    /// Only in memory when the spool shut down, because the store refused them (disk full,
+    /// I/O error): nothing was left to keep them.
+    StoreRefused,
+    /// Dead letters the store refused (they waited in memory meanwhile) when the spool shut
+    /// down; like the quarantine's other drops, not part of the queue's ledger.
+    QuarantineRefused,
 }
 
 impl DropReason {
-    pub const ALL: [DropReason; 9] = [
+    pub const ALL: [DropReason; 11] = [
         DropReason::MemoryOverflow,
         DropReason::DiskCap,
         DropReason::Expired,
@@ -45,6 +51,8 @@ impl DropReason {
         DropReason::Sampled,
         DropReason::NameDropped,
         DropReason::ConsentDenied,
+        DropReason::StoreRefused,
+        DropReason::QuarantineRefused,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -58,6 +66,8 @@ impl DropReason {
             DropReason::Sampled => "sampled",
             DropReason::NameDropped => "name_dropped",
             DropReason::ConsentDenied => "consent_denied",
+            DropReason::StoreRefused => "store_refused",
+            DropReason::QuarantineRefused => "quarantine_refused",
         }
     }
 
@@ -68,6 +78,7 @@ impl DropReason {
             self,
             DropReason::QuarantineCap
                 | DropReason::QuarantineExpired
+                | DropReason::QuarantineRefused
                 | DropReason::Sampled
                 | DropReason::NameDropped
         )
@@ -96,6 +107,9 @@ pub struct Stats {
     pub batches_delivered: u64,
     /// Times the store could not take events (disk full, I/O error).
     pub store_errors: u64,
+    /// Checkpoints (the WAL copied back into the database) that failed after a write that
+    /// committed: the write stands, the WAL is checkpointed after a later one.
+    pub checkpoint_errors: u64,
     /// Store files found unusable and moved aside.
     pub stores_recovered: u64,
     /// Panics caught inside background tasks or observers.

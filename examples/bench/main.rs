@@ -4,11 +4,12 @@
 //! `cargo run --release --example bench [-- --quick]`
 //!
 //! Human table on stderr, JSON report on stdout. `--quick` skips the 1M-event growth runs;
-//! `--only track,spill,cap,always,drain,encrypt,rss,cold` picks scenarios; `--sizes N,M` sets the spill/drain sizes.
+//! `--only track,spill,cap,always,critical,drain,encrypt,rss,cold` picks scenarios; `--sizes N,M` sets the spill/drain sizes.
 //! The peak-RSS run re-executes this binary (`--rss-child URL`) so that the high-water mark it
 //! reads belongs to that scenario alone. See BENCHMARKS.md for the figures and the machine.
 
 mod burst;
+mod critical;
 mod rss;
 mod store;
 mod track;
@@ -238,6 +239,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     if want("always") {
         emit(burst::always()?);
+    }
+    if want("critical") {
+        emit(critical::run()?);
     }
     if want("drain") {
         emit(store::drain(&sizes)?);

@@ -54,7 +54,16 @@ pub(super) fn upgraded_copy(path: &Path, source: &Connection) -> Result<(Connect
         Ok(version) => version,
         Err(unusable) => return Err(Error::Storage(format!("{}: {unusable}", path.display()))),
     };
-    schema::migrate(&mut copy, version, chrono::Utc::now().timestamp_millis()).map_err(|e| {
+    // The data steps are left out: they re-seal queued bodies (7: the timestamp and lane join
+    // the associated data), which the read-only tools never open.
+    let mut no_data_steps = |_: i64, _: &rusqlite::Transaction<'_>| Ok(());
+    schema::migrate(
+        &mut copy,
+        version,
+        chrono::Utc::now().timestamp_millis(),
+        &mut no_data_steps,
+    )
+    .map_err(|e| {
         failed(
             &format!("schema version {version}, upgrading a copy in memory"),
             e,

@@ -193,6 +193,18 @@ impl MemoryBuffer {
         (moved, copies)
     }
 
+    /// Which of these in-flight events `persist()` copied to the store.
+    pub fn persisted_of(&self, seqs: &[u64]) -> Vec<u64> {
+        seqs.iter()
+            .copied()
+            .filter(|seq| {
+                self.in_flight
+                    .get(seq)
+                    .is_some_and(|(_, persisted)| *persisted)
+            })
+            .collect()
+    }
+
     /// Undoes the mark of [`MemoryBuffer::take_for_persist`] when the store write failed.
     pub fn unmark_persisted(&mut self, seqs: &[u64]) {
         for seq in seqs {
@@ -323,6 +335,16 @@ impl MemoryBuffer {
     /// Events queued or waiting to spill (not those in flight).
     pub fn held(&self) -> usize {
         self.queued.len() + self.spill.len()
+    }
+
+    /// The ids of the in-flight events memory counts (those the store does not hold).
+    #[cfg(test)]
+    pub fn in_flight_ids(&self) -> Vec<String> {
+        self.in_flight
+            .values()
+            .filter(|(_, persisted)| !*persisted)
+            .map(|(e, _)| e.id.to_string())
+            .collect()
     }
 
     #[cfg(test)]

@@ -37,19 +37,20 @@ impl Queue {
     pub fn discard_for_consent(&self, wait: std::time::Duration) -> Result<u64> {
         let _guard = self.spill_lock.lock();
         let mut n = self.memory().clear();
+        self.settle_tickets_gone();
         // Counted before the store is touched: a store error must not hide what memory lost.
         self.counters.drop(DropReason::ConsentDenied, n);
-        let (dead, wal_left) = match &self.store {
+        // Memory's dead letters: all of them without a store, those the store refused with one.
+        let mut dead = lock(&self.memory_quarantine).take(&Selector::All).len() as u64;
+        let wal_left = match &self.store {
             Some(store) => {
                 let done = store.discard_for_consent(wait)?;
                 self.counters.drop(DropReason::ConsentDenied, done.queued);
                 n += done.queued;
-                (done.dead, done.wal_left)
+                dead += done.dead;
+                done.wal_left
             }
-            None => (
-                lock(&self.memory_quarantine).take(&Selector::All).len() as u64,
-                None,
-            ),
+            None => None,
         };
         tracing::info!(
             events = n,

@@ -30,6 +30,7 @@ mod fleet;
 mod ordered;
 pub(crate) mod store;
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -47,9 +48,12 @@ use buffer::MemoryBuffer;
 pub use buffer::SPILL_BACKLOG_MIN;
 pub use consent::WAL_TRUNCATE_BOUND;
 pub use store::disk_usage;
+pub use store::faults::FaultPoint;
+#[cfg(feature = "test-util")]
+pub use store::faults::{FaultError, FaultSite, StoreFaults};
 /// The `meta` name of the install id (src/fleet keeps it there; a denial deletes it).
 pub use store::meta::INSTALL_ID as INSTALL_ID_NAME;
-use store::{Inserted, Store};
+use store::{Inserted, PartialInsert, Store};
 pub(crate) use store::{QuarantineSql, check_keys, schema};
 
 /// How many events one spill takes while the spill lock is held. The delivery worker waits for
@@ -82,9 +86,34 @@ struct SpillSignal {
     requested: u64,
     committed: u64,
     failed: u64,
-    /// Why the last failed commit failed, for the `durability = always` caller waiting on it.
+    /// Why the last failed commit failed.
     last_error: String,
     stop: bool,
+    /// [`Queue::push_durably`] callers waiting for their own events to reach the store, by
+    /// ticket, and the ticket of each event they wait for, by seq. Settled by whoever writes
+    /// (or fails to write) those events: a caller is done once its own events are on disk,
+    /// however long the rest of the spill backlog is.
+    tickets: HashMap<u64, Ticket>,
+    waiting: HashMap<u64, u64>,
+    next_ticket: u64,
+}
+
+/// One durable caller's wait.
+#[derive(Debug, Default)]
+struct Ticket {
+    /// Its events not yet written nor refused, by seq, with their ids.
+    left: HashMap<u64, EventId>,
+    /// Its events the store refused, and why.
+    refused: Vec<EventId>,
+    error: Option<String>,
+}
+
+/// Why [`Queue::push_durably`] could not make its events durable: which of them are only in
+/// memory (queued all the same), and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub event_ids: Vec<EventId>,
+    pub reason: String,
 }
 
 /// What the queue needs of a spool's configuration.
@@ -217,8 +246,29 @@ impl Queue {
         counters: Ledger,
         notices: Arc<Mutex<Vec<Notice>>>,
     ) -> Result<OpenedQueue> {
+        Queue::open_with(
+            path,
+            max_disk_bytes,
+            wall_ms,
+            params,
+            counters,
+            notices,
+            FaultPoint::default(),
+        )
+    }
+
+    /// [`Queue::open`] with the store's connection opened through `faults` (tests).
+    pub fn open_with(
+        path: &Path,
+        max_disk_bytes: u64,
+        wall_ms: i64,
+        params: QueueParams,
+        counters: Ledger,
+        notices: Arc<Mutex<Vec<Notice>>>,
+        faults: FaultPoint,
+    ) -> Result<OpenedQueue> {
         let keys = crate::crypto::Keyring::new(&params.encryption_keys);
-        let opened = Store::open(path, max_disk_bytes, wall_ms, keys)?;
+        let opened = Store::open_with(path, max_disk_bytes, wall_ms, keys, faults)?;
         // Before anything reads the queue: a recorded denial is carried out (README §Consent).
         let unfinished_denial = consent::finish_recorded_denial(&opened.store);
         let restored = opened.store.len();
@@ -357,57 +407,152 @@ impl Queue {
         }
     }
 
-    /// `durability = always`: queues the events and returns once a commit holds them, or why
-    /// not. Group commit on the callers' own threads: each caller queues its events, then waits
-    /// for the spill lock; whoever gets it commits everything queued by then in one
-    /// transaction, and the callers whose events that commit held find their generation done and
-    /// leave. No hand-off to another thread and back.
+    /// `durability = always` (or a critical event): queues the events and returns once the
+    /// store holds them, or why not. Group commit on the callers' own threads: each caller
+    /// queues its events, then waits for the spill lock; whoever gets it commits what is
+    /// queued by then, and the callers whose events that commit held find their tickets
+    /// settled and leave. With `durability = spill` (a critical event) the caller writes only
+    /// the oldest events, as many as durable callers wait for (critical events sort before
+    /// every normal one), so it is done once its own events commit, not once the whole backlog
+    /// is on disk. The deadline ([`ALWAYS_COMMIT_WAIT`]) is checked after every commit.
     pub fn push_durably(
         &self,
         events: impl IntoIterator<Item = QueuedEvent>,
-    ) -> std::result::Result<(), String> {
-        let generation = {
+    ) -> std::result::Result<(), Refusal> {
+        let ticket = {
             let mut memory = self.memory();
+            let mut left = HashMap::new();
             for event in events {
+                left.insert(event.seq, event.id);
                 memory.push_spill(event);
             }
             let mut signal = lock(&self.signal);
             signal.requested += 1;
-            signal.requested
+            signal.next_ticket += 1;
+            let ticket = signal.next_ticket;
+            for seq in left.keys() {
+                signal.waiting.insert(*seq, ticket);
+            }
+            signal.tickets.insert(
+                ticket,
+                Ticket {
+                    left,
+                    ..Ticket::default()
+                },
+            );
+            ticket
         };
         let deadline = Instant::now() + ALWAYS_COMMIT_WAIT;
         loop {
-            {
-                let signal = lock(&self.signal);
-                if signal.committed >= generation {
-                    return Ok(());
-                }
-                if signal.failed >= generation {
-                    return Err(format!(
-                        "the store refused the write: {}",
-                        signal.last_error
-                    ));
-                }
-                if signal.stop {
-                    return Err("the spool shut down before the store committed".into());
-                }
+            if let Some(outcome) = self.ticket_outcome(ticket) {
+                return outcome;
             }
             let left = deadline.saturating_duration_since(Instant::now());
-            let Some(guard) = self.spill_lock.try_lock_for(left) else {
-                return Err(format!(
-                    "the store did not commit within {} s",
-                    ALWAYS_COMMIT_WAIT.as_secs()
-                ));
-            };
-            let done = {
-                let signal = lock(&self.signal);
-                signal.committed >= generation || signal.failed >= generation
-            };
-            if !done {
-                let _ = self.spill_locked();
+            let stopped = lock(&self.signal).stop;
+            if stopped || left.is_zero() {
+                let reason = if stopped {
+                    "the spool shut down before the store committed".to_string()
+                } else {
+                    format!(
+                        "the store did not commit within {} s",
+                        ALWAYS_COMMIT_WAIT.as_secs()
+                    )
+                };
+                return Err(self.abandon_ticket(ticket, reason));
             }
+            let Some(guard) = self.spill_lock.try_lock_for(left) else {
+                continue;
+            };
+            if self.ticket_outcome_ready(ticket) {
+                parking_lot::MutexGuard::unlock_fair(guard);
+                continue;
+            }
+            let _ = self.spill_for_durable();
             parking_lot::MutexGuard::unlock_fair(guard);
         }
+    }
+
+    /// Whether a ticket is settled (without taking it).
+    fn ticket_outcome_ready(&self, ticket: u64) -> bool {
+        lock(&self.signal)
+            .tickets
+            .get(&ticket)
+            .is_none_or(|t| t.left.is_empty())
+    }
+
+    /// A settled ticket's outcome (and the ticket taken out), or `None` while it waits.
+    fn ticket_outcome(&self, ticket: u64) -> Option<std::result::Result<(), Refusal>> {
+        let mut signal = lock(&self.signal);
+        if !signal.tickets.get(&ticket)?.left.is_empty() {
+            return None;
+        }
+        let t = signal.tickets.remove(&ticket)?;
+        Some(match t.error {
+            None => Ok(()),
+            Some(error) => Err(Refusal {
+                event_ids: t.refused,
+                reason: format!("the store refused the write: {error}"),
+            }),
+        })
+    }
+
+    /// Gives up waiting: the refusal names the ticket's events not yet on disk.
+    fn abandon_ticket(&self, ticket: u64, reason: String) -> Refusal {
+        let mut signal = lock(&self.signal);
+        let t = signal.tickets.remove(&ticket).unwrap_or_default();
+        for seq in t.left.keys() {
+            signal.waiting.remove(seq);
+        }
+        let mut event_ids = t.refused;
+        event_ids.extend(t.left.values());
+        let reason = match t.error {
+            Some(error) => format!("the store refused the write: {error}"),
+            None => reason,
+        };
+        Refusal { event_ids, reason }
+    }
+
+    /// Settles the tickets of events that reached the store (`Ok`) or that it refused.
+    fn settle_tickets(&self, stored: &[QueuedEvent], refused: &[QueuedEvent], error: Option<&str>) {
+        let mut signal = lock(&self.signal);
+        if signal.waiting.is_empty() {
+            return;
+        }
+        for (events, refused) in [(stored, false), (refused, true)] {
+            for e in events {
+                let Some(ticket) = signal.waiting.remove(&e.seq) else {
+                    continue;
+                };
+                if let Some(t) = signal.tickets.get_mut(&ticket) {
+                    t.left.remove(&e.seq);
+                    if refused {
+                        t.refused.push(e.id);
+                        t.error = error.map(str::to_string);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Nothing waits to be written any more (the spill queue is empty, or memory was cleared):
+    /// the events durable callers still wait for left memory otherwise (purged, discarded),
+    /// and their wait is over.
+    fn settle_tickets_gone(&self) {
+        let mut signal = lock(&self.signal);
+        if signal.waiting.is_empty() {
+            return;
+        }
+        let gone: Vec<(u64, u64)> = signal.waiting.drain().collect();
+        for (seq, ticket) in gone {
+            if let Some(t) = signal.tickets.get_mut(&ticket) {
+                t.left.remove(&seq);
+            }
+        }
+    }
+
+    /// Whether a durable caller waits for events still in memory.
+    fn durable_waiting(&self) -> bool {
+        !lock(&self.signal).waiting.is_empty()
     }
 
     /// `track_batch` with a store (`durability = spill`): the whole batch is recorded, never
@@ -433,7 +578,12 @@ impl Queue {
             events.sort_unstable_by_key(QueuedEvent::key);
             let rest = events.split_off(events.len() - room);
             let direct = std::mem::replace(&mut events, rest);
-            if let Err(e) = self.insert_counted(store, &direct) {
+            // One transaction: the batch is all or none, and a write that failed part-way
+            // must not leave some of its rows behind.
+            if let Err(e) = store
+                .insert_all(&direct)
+                .map(|report| self.count_evictions(report))
+            {
                 self.counters.store_errors.fetch_add(1, Ordering::Relaxed);
                 self.notice_later(Notice::StoreUnavailable {
                     reason: e.to_string(),
@@ -457,6 +607,22 @@ impl Queue {
     /// always`, whose callers wait for one shared commit). The caller holds `spill_lock`, so a
     /// refusal is queued as a notice for the caller to deliver after it let go.
     fn spill_locked(&self) -> Result<()> {
+        self.spill_chunk(SPILL_CHUNK)
+    }
+
+    /// What a durable caller writes itself, holding the spill lock: with `durability = spill`
+    /// only as many of the oldest events as durable callers wait for (critical events sort
+    /// before every normal one, so those are theirs), a small commit that does not make the
+    /// caller pay for a 1,000-row chunk (nor for the checkpoint such a chunk may bring); with
+    /// `always`, everything queued (group commit).
+    fn spill_for_durable(&self) -> Result<()> {
+        let waiting = lock(&self.signal).waiting.len();
+        self.spill_chunk(waiting.clamp(1, SPILL_CHUNK))
+    }
+
+    /// [`Queue::spill_locked`] taking at most `max` events waiting to spill (`durability =
+    /// spill`).
+    fn spill_chunk(&self, max: usize) -> Result<()> {
         let Some(store) = &self.store else {
             return Ok(());
         };
@@ -469,13 +635,14 @@ impl Queue {
         let (events, rest) = {
             let mut memory = self.memory();
             let events = match self.params.durability {
-                Durability::Spill => memory.take_spill(SPILL_CHUNK),
+                Durability::Spill => memory.take_spill(max),
                 Durability::Always => memory.take_unstored(),
             };
             (events, memory.spill_len())
         };
         if events.is_empty() {
             self.mark_committed(generation, None);
+            self.settle_tickets_gone();
             return Ok(());
         }
         match self.insert_counted(store, &events) {
@@ -484,11 +651,19 @@ impl Queue {
                 if rest == 0 {
                     self.mark_committed(generation, None);
                 }
+                self.settle_tickets(&events, &[], None);
                 self.hand_back(events);
                 Ok(())
             }
-            Err(e) => {
-                self.give_back_refused(events);
+            Err(partial) => {
+                // The transactions before the one that failed committed: those events are on
+                // disk only; the rest go back to memory.
+                let mut events = events;
+                let refused = events.split_off(partial.committed.min(events.len()));
+                let e = partial.error;
+                self.settle_tickets(&events, &refused, Some(&e.to_string()));
+                self.hand_back(events);
+                self.give_back_refused(refused);
                 self.counters.store_errors.fetch_add(1, Ordering::Relaxed);
                 self.mark_committed(generation, Some(e.to_string()));
                 self.notice_later(Notice::StoreUnavailable {
@@ -538,7 +713,12 @@ impl Queue {
     /// The caller delivers the notices.
     pub fn spill_now(&self) -> Result<()> {
         let guard = self.spill_lock.lock();
-        let result = self.spill_locked();
+        // A durable caller waits: its events first, in a commit of their own.
+        let result = if self.durable_waiting() {
+            self.spill_for_durable()
+        } else {
+            self.spill_locked()
+        };
         parking_lot::MutexGuard::unlock_fair(guard);
         result
     }
@@ -604,7 +784,7 @@ impl Queue {
     /// The inbox is not folded meanwhile, so tracking threads do not ask again either.
     /// With `durability = always` callers wait for their commit: no gathering.
     fn gather(&self) {
-        if self.params.durability != Durability::Spill {
+        if self.params.durability != Durability::Spill || self.durable_waiting() {
             return;
         }
         let deadline = Instant::now() + SPILL_LINGER_MAX;
@@ -667,14 +847,29 @@ impl Queue {
     }
 
     /// Writes events into the store's queue and counts what its cap evicted to make room
-    /// (`disk_cap`, `quarantine_cap`): spill, persist and a large `track_batch` all write
-    /// through here, so no eviction goes uncounted.
-    fn insert_counted(&self, store: &Store, events: &[QueuedEvent]) -> Result<Inserted> {
-        let report = store.insert(events)?;
+    /// (`disk_cap`, `quarantine_cap`): spill and persist write through here, so no eviction
+    /// goes uncounted, not even one made by a transaction before the one that failed.
+    fn insert_counted(
+        &self,
+        store: &Store,
+        events: &[QueuedEvent],
+    ) -> std::result::Result<Inserted, PartialInsert> {
+        match store.insert(events) {
+            Ok(report) => {
+                self.count_evictions(report);
+                Ok(report)
+            }
+            Err(partial) => {
+                self.count_evictions(partial.done);
+                Err(partial)
+            }
+        }
+    }
+
+    fn count_evictions(&self, report: Inserted) {
         self.counters.drop(DropReason::DiskCap, report.evicted);
         self.counters
             .drop(DropReason::QuarantineCap, report.evicted_quarantine);
-        Ok(report)
     }
 
     /// Moves everything in memory to the store (see [`crate::EventSpool::persist`]); a
@@ -689,16 +884,26 @@ impl Queue {
         // skip them and no other batch reads them, so each event stays in one place, counted once.
         let copy_seqs: Vec<u64> = copies.iter().map(|e| e.seq).collect();
         store.lease(&copy_seqs);
+        self.write_held_dead_letters(store);
         let first_copy = moved.len();
         let mut all = moved;
         all.extend(copies);
         match self.insert_counted(store, &all) {
-            Ok(report) => Ok(report.inserted),
-            Err(e) => {
+            Ok(report) => {
+                self.settle_tickets(&all[..first_copy], &[], None);
+                Ok(report.inserted)
+            }
+            Err(partial) => {
+                // What committed is on disk: moved events and copies up to `committed`.
+                let committed = partial.committed.min(all.len());
+                let unstored_copies = &copy_seqs[committed.saturating_sub(first_copy)..];
+                store.release(unstored_copies);
+                self.memory().unmark_persisted(unstored_copies);
                 all.truncate(first_copy);
-                store.release(&copy_seqs);
-                self.memory().unmark_persisted(&copy_seqs);
-                self.give_back_refused(all);
+                let refused = all.split_off(committed.min(first_copy));
+                let e = partial.error;
+                self.settle_tickets(&all, &refused, Some(&e.to_string()));
+                self.give_back_refused(refused);
                 self.counters.store_errors.fetch_add(1, Ordering::Relaxed);
                 self.notice_later(Notice::StoreUnavailable {
                     reason: e.to_string(),
@@ -722,7 +927,10 @@ impl Queue {
         // disk, so they are committed first and read from the store.
         let _guard = self.spill_lock.lock();
         let always = self.params.durability == Durability::Always;
-        if always && let Err(e) = self.spill_locked() {
+        // A durable caller's events are written before a batch could take them from memory.
+        if (always || self.durable_waiting())
+            && let Err(e) = self.spill_locked()
+        {
             tracing::warn!(error = %e, "spill before batch failed; sending what is stored");
         }
         let from_store = match &self.store {
@@ -731,8 +939,11 @@ impl Queue {
                     tracing::warn!(error = %e, "reading the store failed; sending from memory");
                     Vec::new()
                 });
+                let undecryptable = store.take_undecryptable();
                 self.counters
-                    .left(Exit::Quarantined, store.take_undecryptable());
+                    .left(Exit::Quarantined, undecryptable.quarantined);
+                self.counters
+                    .drop(DropReason::QuarantineCap, undecryptable.evicted);
                 events
             }
             None => Vec::new(),
@@ -870,10 +1081,30 @@ impl Queue {
     ) -> Result<()> {
         let cutoff = wall_ms.saturating_sub(self.params.quarantine_retention_ms as i64);
         let max = self.params.quarantine_max_events;
-        let from_queue = seqs_by_origin(events).1;
+        // Under the spill lock, so `persist()` cannot copy one of these events meanwhile.
+        let _guard = self.spill_lock.lock();
+        let (memory, mut from_queue) = seqs_by_origin(events);
+        // Memory events `persist()` copied to the store leave the queue in the same
+        // transaction as their dead letters are written.
+        from_queue.extend(self.memory().persisted_of(&memory));
         let evicted = match &self.store {
             Some(store) => {
-                store.with_quarantine_moving(&from_queue, |q| q.add(&entries, max, cutoff))?
+                // Dead letters the store refused before go with these.
+                let mut all = lock(&self.memory_quarantine).take(&Selector::All);
+                all.extend(entries);
+                match store.with_quarantine_moving(&from_queue, |q| q.add(&all, max, cutoff)) {
+                    Ok(evicted) => evicted,
+                    Err(e) => {
+                        // The store refused them (a full disk): they wait in memory as dead
+                        // letters, are written by the next quarantine or persist() that
+                        // succeeds, and count as quarantined meanwhile, so the batch is not
+                        // sent again and again; its rows leave the queue with its
+                        // acknowledgement.
+                        tracing::warn!(error = %e, events = all.len(), "the store refused dead letters; kept in memory");
+                        self.counters.store_errors.fetch_add(1, Ordering::Relaxed);
+                        lock(&self.memory_quarantine).add(all, max, cutoff)
+                    }
+                }
             }
             None => lock(&self.memory_quarantine).add(entries, max, cutoff),
         };
@@ -890,10 +1121,14 @@ impl Queue {
     pub fn purge(&self) -> Result<u64> {
         let _guard = self.spill_lock.lock();
         let mut n = self.memory().clear();
-        if let Some(store) = &self.store {
-            n += store.purge_queue()?;
-        }
+        self.settle_tickets_gone();
+        // Counted before the store is touched: a store error must not hide what memory lost.
         self.counters.drop(DropReason::Purged, n);
+        if let Some(store) = &self.store {
+            let stored = store.purge_queue()?;
+            self.counters.drop(DropReason::Purged, stored);
+            n += stored;
+        }
         Ok(n)
     }
 
@@ -905,39 +1140,52 @@ impl Queue {
         wall_ms: i64,
         mut next_seq: impl FnMut() -> u64,
     ) -> Result<u64> {
-        match &self.store {
+        // The store first: if it refuses, nothing was redriven.
+        let stored = match &self.store {
             Some(store) => {
                 let _guard = self.spill_lock.lock();
-                let n = store.redrive(selector, wall_ms, next_seq)?;
+                let n = store.redrive(selector, wall_ms, &mut next_seq)?;
                 // Counted before the lock goes, so the worker cannot deliver them first and
                 // take `pending` below zero.
                 self.counters.entered(Entry::Redriven, n);
-                Ok(n)
+                n
             }
-            None => {
-                let taken = lock(&self.memory_quarantine).take(selector);
-                let n = taken.len() as u64;
-                self.counters.entered(Entry::Redriven, n);
-                for q in taken {
-                    let id = EventId::parse(&q.event_id)?;
-                    let event = QueuedEvent {
-                        ts_ms: q.ts_ms,
-                        seq: next_seq(),
-                        id,
-                        json: q.body.into_boxed_str(),
-                        // A new acceptance with a fresh send budget (see `Store::redrive`).
-                        accepted_ms: wall_ms,
-                        sends: q.sends,
-                        unanswered: 0,
-                        critical: false,
-                    };
-                    let overflow = self.memory().push(event, self.capacity(), false);
-                    self.counters
-                        .drop(DropReason::MemoryOverflow, overflow.dropped);
-                }
-                Ok(n)
-            }
+            None => 0,
+        };
+        Ok(stored + self.redrive_from_memory(selector, wall_ms, &mut next_seq)?)
+    }
+
+    /// Redrives the dead letters memory holds (a memory-only spool's, or those the store
+    /// refused) into the memory queue.
+    fn redrive_from_memory(
+        &self,
+        selector: &Selector,
+        wall_ms: i64,
+        next_seq: &mut impl FnMut() -> u64,
+    ) -> Result<u64> {
+        let taken = lock(&self.memory_quarantine).take(selector);
+        let n = taken.len() as u64;
+        self.counters.entered(Entry::Redriven, n);
+        for q in taken {
+            let id = EventId::parse(&q.event_id)?;
+            let event = QueuedEvent {
+                ts_ms: q.ts_ms,
+                seq: next_seq(),
+                id,
+                json: q.body.into_boxed_str(),
+                // A new acceptance with a fresh send budget (see `Store::redrive`).
+                accepted_ms: wall_ms,
+                sends: q.sends,
+                unanswered: 0,
+                critical: false,
+            };
+            let overflow = self
+                .memory()
+                .push(event, self.capacity(), self.store.is_some());
+            self.counters
+                .drop(DropReason::MemoryOverflow, overflow.dropped);
         }
+        Ok(n)
     }
 
     /// The first free seq of the store (an operator's redrive continues from it).
@@ -948,26 +1196,55 @@ impl Queue {
         }
     }
 
-    /// Quarantined events, oldest first.
+    /// Quarantined events, oldest first (those the store refused, held in memory, last).
     pub fn quarantine_list(&self, filter: &ListFilter) -> Result<Vec<QuarantinedEvent>> {
+        let held = lock(&self.memory_quarantine).list(filter);
         match &self.store {
-            Some(store) => store.with_quarantine(|q| q.list(filter)),
-            None => Ok(lock(&self.memory_quarantine).list(filter)),
+            Some(store) => {
+                let mut listed = store.with_quarantine(|q| q.list(filter))?;
+                listed.extend(held);
+                Ok(listed)
+            }
+            None => Ok(held),
         }
     }
 
     pub fn quarantine_get(&self, event_id: &str) -> Result<Option<QuarantinedEvent>> {
+        if let Some(held) = lock(&self.memory_quarantine).get(event_id) {
+            return Ok(Some(held));
+        }
         match &self.store {
             Some(store) => store.with_quarantine(|q| q.get(event_id)),
-            None => Ok(lock(&self.memory_quarantine).get(event_id)),
+            None => Ok(None),
         }
     }
 
     /// Deletes quarantined events for good. Returns how many.
     pub fn quarantine_purge(&self, selector: &Selector) -> Result<u64> {
-        match &self.store {
-            Some(store) => store.with_quarantine(|q| q.purge(selector)),
-            None => Ok(lock(&self.memory_quarantine).take(selector).len() as u64),
+        // The store first: if it refuses, nothing was purged.
+        let stored = match &self.store {
+            Some(store) => store.with_quarantine(|q| q.purge(selector))?,
+            None => 0,
+        };
+        Ok(stored + lock(&self.memory_quarantine).take(selector).len() as u64)
+    }
+
+    /// Writes the dead letters the store refused before (held in memory) when it takes them
+    /// now; the caller holds the spill lock.
+    fn write_held_dead_letters(&self, store: &Store) {
+        let held = lock(&self.memory_quarantine).take(&Selector::All);
+        if held.is_empty() {
+            return;
+        }
+        let max = self.params.quarantine_max_events;
+        // The age limit is applied by the next regular quarantine write, which knows the clock.
+        match store.with_quarantine(|q| q.add(&held, max, i64::MIN)) {
+            Ok(evicted) => {
+                self.counters.drop(DropReason::QuarantineCap, evicted.cap);
+            }
+            Err(_) => {
+                lock(&self.memory_quarantine).add(held, u64::MAX, i64::MIN);
+            }
         }
     }
 
@@ -975,13 +1252,36 @@ impl Queue {
     /// bytes on disk, and the quarantine by reason.
     pub fn fill_stats(&self, stats: &mut crate::stats::Stats) {
         stats.pending_memory = self.memory().len() as u64;
+        stats.quarantine = lock(&self.memory_quarantine).counts();
         if let Some(store) = &self.store {
             stats.pending_disk = store.len();
             stats.store_bytes = store.disk_usage();
-            stats.quarantine = store.quarantine_counts().unwrap_or_default();
-        } else {
-            stats.quarantine = lock(&self.memory_quarantine).counts();
+            stats.checkpoint_errors = store.checkpoint_errors();
+            for (reason, n) in store.quarantine_counts().unwrap_or_default() {
+                *stats.quarantine.entry(reason).or_default() += n;
+            }
         }
+    }
+
+    /// At shutdown, after a final persist the store refused: the events only memory holds
+    /// cannot be kept, so they are dropped and counted (`store_refused`; dead letters it held,
+    /// `quarantine_refused`); returns the events' ids.
+    /// Those of a batch in flight stay (its answer decides; the store holds them if `persist`
+    /// copied them).
+    pub fn drop_unstored(&self) -> Vec<EventId> {
+        let _guard = self.spill_lock.lock();
+        let mut memory = self.memory();
+        let ids: Vec<EventId> = memory.peek(usize::MAX, true).map(|e| e.id).collect();
+        memory.clear();
+        drop(memory);
+        self.settle_tickets_gone();
+        self.counters
+            .drop(DropReason::StoreRefused, ids.len() as u64);
+        if self.store.is_some() {
+            let dead = lock(&self.memory_quarantine).take(&Selector::All).len() as u64;
+            self.counters.drop(DropReason::QuarantineRefused, dead);
+        }
+        ids
     }
 
     /// Gives up the store's owner lock (after shutdown) so another handle may open it.
@@ -999,6 +1299,12 @@ fn seqs_by_origin(events: &[(QueuedEvent, bool)]) -> (Vec<u64>, Vec<u64>) {
     let seqs = |v: Vec<&(QueuedEvent, bool)>| v.iter().map(|(e, _)| e.seq).collect();
     (seqs(memory), seqs(disk))
 }
+
+#[cfg(test)]
+mod failure_tests;
+
+#[cfg(test)]
+mod fault_table;
 
 #[cfg(test)]
 mod tests {

@@ -13,3 +13,5 @@ mod reentrant;
 mod secrets;
 mod soak;
 mod store_faults;
+#[path = "../support/tinyfs.rs"]
+mod tinyfs;

@@ -2,14 +2,19 @@
 //! collector on 127.0.0.1, is driven through random sequences of what an app and a collector do
 //! (track now or with an explicit timestamp, bursts, persist, offline/online, flush, retry now,
 //! back, purge, quarantine redrive and purge, reopen on the same file, a disk kept near its cap;
-//! the collector answering 2xx, partial `rejected`, 400, 413, 503, store-then-drop and never).
+//! the collector answering 2xx, partial `rejected`, 400, 413, 503, store-then-drop and never;
+//! the store's writes failing: "the next K writes fail" (`SQLITE_IOERR`) and "the disk is full
+//! until step M" (`SQLITE_FULL` for every write that grows a file), through the store's own
+//! fault point, `StoreFaults`; space returns before a reopen and at the end).
 //! After every step, once the worker has settled, it checks what the README promises:
 //!
 //! - the ledger `tracked + restored + redriven = delivered + quarantined + dropped + pending`,
 //!   computed from the raw counters, equals what memory and the store really hold, and so does
 //!   `stats().pending` (a clamp cannot hide a miscount);
 //! - the store's own row count (read with SQL through [`eventspool::admin::inspect`]) is the
-//!   spool's `pending_disk`; after a reopen the new handle restores exactly what the old one left;
+//!   spool's `pending_disk`, plus the rows whose failed delete the store still owes
+//!   (`StoreFaults::owed_rows`); after a reopen the new handle restores exactly what the old one
+//!   left;
 //! - every event the spool counts delivered was acknowledged by the collector, and the collector
 //!   never saw an id the app did not track;
 //! - batches leave in timestamp order: within a batch, and across batches for events sent for
@@ -40,8 +45,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use eventspool::{
-    Clock, Config, DeliveryState, DeliveryStatus, DropReason, Durability, EventSpool, ListFilter,
-    ManualClock, NewEvent, Selector, Stats,
+    Clock, Config, DeliveryState, DeliveryStatus, DropReason, Durability, EventSpool, FaultError,
+    FaultSite, ListFilter, ManualClock, NewEvent, Selector, Stats, StoreFaults,
 };
 use eventspool_collector::{Behavior, CollectorConfig, ReferenceCollector, Scripted};
 use proptest::prelude::*;
@@ -172,6 +177,10 @@ enum Op {
     Advance(u32),
     /// Drops the spool (the last handle) and opens a new one on the same file.
     Reopen,
+    /// The next this many writes of the store fail (`SQLITE_IOERR`).
+    FailWrites(u8),
+    /// The disk is full (`SQLITE_FULL`) for this many steps (or until a reopen).
+    DiskFull(u8),
 }
 
 fn event_token(name: Name, big: bool) -> String {
@@ -211,6 +220,8 @@ impl fmt::Display for Op {
             Op::LongReasons(false) => f.write_str("short_reasons"),
             Op::Advance(hours) => write!(f, "advance:{hours}h"),
             Op::Reopen => f.write_str("reopen"),
+            Op::FailWrites(k) => write!(f, "fail:{k}"),
+            Op::DiskFull(steps) => write!(f, "full:{steps}"),
         }
     }
 }
@@ -274,6 +285,8 @@ fn parse_op(token: &str) -> Result<Op, String> {
                 .map_err(|e| format!("advance '{arg}': {e}"))?,
         ),
         "reopen" => Op::Reopen,
+        "fail" => Op::FailWrites(arg.parse().map_err(|e| format!("fail '{arg}': {e}"))?),
+        "full" => Op::DiskFull(arg.parse().map_err(|e| format!("full '{arg}': {e}"))?),
         other => return Err(format!("unknown operation '{other}'")),
     })
 }
@@ -412,6 +425,8 @@ fn op(excluded: &HashSet<String>) -> BoxedStrategy<Op> {
                     .boxed(),
             ),
             ("reopen", 1, Just(Op::Reopen).boxed()),
+            ("fail", 2, (1u8..=6).prop_map(Op::FailWrites).boxed()),
+            ("full", 1, (1u8..=3).prop_map(Op::DiskFull).boxed()),
         ],
         excluded,
     )
@@ -485,6 +500,12 @@ struct Harness {
     closed: Totals,
     /// The step in which each collector request (by index) was sent.
     request_steps: Vec<usize>,
+    /// The store's fault point, the same for every handle on the file.
+    faults: StoreFaults,
+    /// The step before which the full disk empties again.
+    full_until: Option<usize>,
+    /// A fault step has run: the app's verbs may be refused by the store from then on.
+    faulted: bool,
 }
 
 fn disk_cap() -> u64 {
@@ -593,6 +614,9 @@ impl Harness {
             quarantine_purged: HashSet::new(),
             closed: Totals::default(),
             request_steps: Vec::new(),
+            faults: StoreFaults::new(),
+            full_until: None,
+            faulted: false,
         };
         h.open()?;
         Ok(h)
@@ -600,8 +624,9 @@ impl Harness {
 
     fn open(&mut self) -> Result<(), String> {
         let clock: Arc<dyn Clock> = Arc::new(self.clock.clone());
-        let mut builder =
-            EventSpool::builder(config(&self.collector.url(), &self.db, self.always)).clock(clock);
+        let mut builder = EventSpool::builder(config(&self.collector.url(), &self.db, self.always))
+            .clock(clock)
+            .store_faults(self.faults.clone());
         if !self.online {
             builder = builder.start_offline();
         }
@@ -688,9 +713,9 @@ impl Harness {
             Op::Track { name, big, age } => self.track(*name, *big, *age)?,
             Op::Burst(events) => self.burst(events)?,
             Op::Persist => {
-                self.spool()
-                    .persist()
-                    .map_err(|e| format!("persist: {e}"))?;
+                if let Err(e) = self.spool().persist() {
+                    self.refused_by_store("persist", e)?;
+                }
             }
             Op::SetOnline(online) => {
                 self.online = *online;
@@ -706,17 +731,21 @@ impl Harness {
                 return Ok(waiting && self.online);
             }
             Op::PurgePending => {
-                self.spool()
-                    .purge_pending()
-                    .map_err(|e| format!("purge_pending: {e}"))?;
+                if let Err(e) = self.spool().purge_pending() {
+                    self.refused_by_store("purge_pending", e)?;
+                }
             }
             Op::Redrive => {
                 let ids = self.quarantined_ids()?;
                 let lo = self.wall();
-                let n = self
-                    .spool()
-                    .quarantine_redrive(&Selector::All)
-                    .map_err(|e| format!("quarantine_redrive: {e}"))?;
+                let n = match self.spool().quarantine_redrive(&Selector::All) {
+                    Ok(n) => n,
+                    Err(e) => {
+                        return self
+                            .refused_by_store("quarantine_redrive", e)
+                            .map(|_| false);
+                    }
+                };
                 let hi = self.wall();
                 if n != ids.len() as u64 {
                     return Err(format!(
@@ -730,10 +759,10 @@ impl Harness {
             }
             Op::PurgeQuarantine => {
                 let ids = self.quarantined_ids()?;
-                let n = self
-                    .spool()
-                    .quarantine_purge(&Selector::All)
-                    .map_err(|e| format!("quarantine_purge: {e}"))?;
+                let n = match self.spool().quarantine_purge(&Selector::All) {
+                    Ok(n) => n,
+                    Err(e) => return self.refused_by_store("quarantine_purge", e).map(|_| false),
+                };
                 if n != ids.len() as u64 {
                     return Err(format!(
                         "quarantine_purge deleted {n} events but the quarantine listed {}",
@@ -754,8 +783,34 @@ impl Harness {
                 .clock
                 .advance(Duration::from_millis(*hours as u64 * HOUR_MS as u64)),
             Op::Reopen => self.reopen()?,
+            Op::FailWrites(k) => {
+                self.faulted = true;
+                self.faults
+                    .fail_next(FaultSite::Write, u64::from(*k), FaultError::IoErr);
+            }
+            Op::DiskFull(steps) => {
+                self.faulted = true;
+                self.faults.fill_disk(FaultError::Full);
+                self.full_until = Some(self.step + usize::from(*steps));
+            }
         }
         Ok(false)
+    }
+
+    /// A verb the store refused: fine once a fault step ran (nothing changed; the model checks
+    /// that), a failure otherwise.
+    fn refused_by_store(&self, verb: &str, e: eventspool::Error) -> Result<(), String> {
+        if self.faulted && matches!(e, eventspool::Error::Storage(_)) {
+            Ok(())
+        } else {
+            Err(format!("{verb}: {e}"))
+        }
+    }
+
+    /// Space returns (before a reopen, at the end, or when the full disk's steps are over).
+    fn disarm(&mut self) {
+        self.faults.disarm();
+        self.full_until = None;
     }
 
     /// Waits until the worker rests (and, after a request from a waiting user, has acted on it).
@@ -815,9 +870,10 @@ impl Harness {
         let rows = eventspool::admin::inspect(&self.db)
             .map_err(|e| format!("admin::inspect: {e}"))?
             .pending;
-        if rows != st.pending_disk {
+        let owed = self.faults.owed_rows();
+        if rows != st.pending_disk + owed {
             return Err(format!(
-                "the store's events table has {rows} rows but the spool counts {} on disk",
+                "the store's events table has {rows} rows but the spool counts {} on disk (and owes a delete to {owed})",
                 st.pending_disk
             ));
         }
@@ -966,6 +1022,7 @@ impl Harness {
 
     /// Shuts the spool down and accounts for every id it was ever given.
     fn close(&mut self) -> Result<(), String> {
+        self.disarm();
         let spool = self.spool.take().expect("spool is open");
         spool
             .shutdown(Duration::from_secs(10))
@@ -1032,6 +1089,23 @@ impl Harness {
             })
             .count() as u64;
         let dropped: u64 = self.closed.dropped.values().sum();
+        if gone != dropped && std::env::var("EVENTSPOOL_MODEL_DEBUG").is_ok() {
+            for id in self.accepted.keys().filter(|id| {
+                !acked.contains(*id)
+                    && !queued.contains(*id)
+                    && !quarantined.contains(*id)
+                    && !self.quarantine_purged.contains(*id)
+            }) {
+                eprintln!("gone: {id} accepted {:?}", self.accepted[id]);
+            }
+            for r in self.collector.requests() {
+                eprintln!(
+                    "request #{} status {:?} ids {:?} names {:?}",
+                    r.index, r.status, r.event_ids, r.names
+                );
+            }
+            eprintln!("purged {:?}", self.quarantine_purged);
+        }
         if gone != dropped {
             return Err(format!(
                 "{gone} tracked events are neither delivered, quarantined nor queued, but {dropped} drops were counted ({:?})",
@@ -1042,6 +1116,7 @@ impl Harness {
     }
 
     fn reopen(&mut self) -> Result<(), String> {
+        self.disarm();
         self.drop_spool()?;
         let left = eventspool::admin::inspect(&self.db)
             .map_err(|e| format!("admin::inspect: {e}"))?
@@ -1062,6 +1137,9 @@ fn run_case(case: &Case) -> Result<(), String> {
     h.settle(0, false)?;
     for (i, op) in case.ops.iter().enumerate() {
         h.step = i + 1;
+        if h.full_until.is_some_and(|until| h.step >= until) {
+            h.disarm();
+        }
         let step = |e: String| format!("step {} `{op}`: {e}", i + 1);
         let before = h.spool().stats().requests;
         let needs_progress = h.apply(op).map_err(step)?;
@@ -1155,6 +1233,13 @@ fn model_replay_age_counts_from_redrive() {
     replay("spill: script:400 track:ok advance:29h redrive");
 }
 
+/// The store's fault steps: a quarantine purge the store refused had already emptied the dead
+/// letters held in memory (the quarantine write before it had failed), and said it purged none.
+#[test]
+fn model_replay_a_refused_purge_keeps_the_dead_letters_held_in_memory() {
+    replay("spill: fail:3 track:reject purge_quarantine track:ok");
+}
+
 /// Replays the case in `EVENTSPOOL_MODEL_CASE` (as a failure prints it), for diagnosis:
 /// `EVENTSPOOL_MODEL_CASE="spill: track:ok offline" cargo test --all-features --test reliability
 /// model_replay_from_env -- --ignored --nocapture`.
@@ -1169,9 +1254,9 @@ fn model_replay_from_env() {
 fn model_case_text_round_trips() {
     let text = "always: track:ok track:reject+big@31h burst:ok,poison+big persist offline online \
                 flush retry_now dismiss purge_pending redrive purge_quarantine script:503,400,413,drop,hang \
-                long_reasons short_reasons advance:29h reopen";
+                long_reasons short_reasons advance:29h reopen fail:3 full:2";
     let case = parse_case(text).expect("parses");
-    assert_eq!(case.ops.len(), 17);
+    assert_eq!(case.ops.len(), 19);
     let again = parse_case(format!("{case:?}").trim_matches('"')).expect("parses again");
     assert_eq!(again, case);
 }

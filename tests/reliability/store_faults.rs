@@ -10,6 +10,7 @@ use serde_json::json;
 
 use crate::common::{fast_config, integrity_ok};
 use crate::reentrant::Reentrant;
+use crate::tinyfs::{TinyFs, fill};
 
 /// Records notices so a test can check what the app was told.
 #[derive(Default)]
@@ -176,65 +177,6 @@ fn a_store_path_that_cannot_exist_is_refused_naming_it() {
         err.to_string().contains("plain-file"),
         "error does not name the path: {err}"
     );
-}
-
-/// A tiny tmpfs mounted for one test. Mounting needs root (CI runs as root); where it is not
-/// permitted the test fails saying so, rather than passing without having run.
-struct TinyFs {
-    dir: tempfile::TempDir,
-}
-
-impl TinyFs {
-    fn mount(bytes: u64) -> TinyFs {
-        let dir = tempfile::tempdir().expect("temp dir for the tmpfs mount point");
-        let out = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs"])
-            .arg(dir.path())
-            .output();
-        match out {
-            Ok(out) if out.status.success() => TinyFs { dir },
-            Ok(out) => panic!(
-                "this test needs `mount -t tmpfs` (run as root, as CI does); mount refused: {} {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
-            ),
-            Err(e) => panic!("this test needs `mount -t tmpfs` (run as root, as CI does): {e}"),
-        }
-    }
-
-    fn path(&self) -> &Path {
-        self.dir.path()
-    }
-
-    fn remount(&self, opts: &str) {
-        let ok = std::process::Command::new("mount")
-            .args(["-o", &format!("remount,{opts}")])
-            .arg(self.dir.path())
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "remount {opts}");
-    }
-}
-
-impl Drop for TinyFs {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount")
-            .arg("-l")
-            .arg(self.dir.path())
-            .status();
-    }
-}
-
-/// Fills the file system with one file until it refuses more.
-fn fill(dir: &Path) -> PathBuf {
-    use std::io::Write;
-    let path = dir.join("filler");
-    let mut f = std::fs::File::create(&path).unwrap();
-    let block = vec![0u8; 4096];
-    while f.write_all(&block).is_ok() {}
-    let _ = f.sync_all();
-    path
 }
 
 fn full_disk() {
@@ -591,4 +533,180 @@ fn a_track_batch_the_full_disk_cannot_take_is_refused_whole() {
     std::fs::remove_file(filler).unwrap();
     assert_eq!(spool.track_batch(&batch).unwrap().len(), 11_000);
     assert_eq!(spool.stats().dropped_from_queue(), 0);
+}
+
+/// A clock whose `wall_ms()` blocks on the thread named `verb` until released: a verb that
+/// reads the clock between its `closed` check and its write is held exactly there.
+struct GateClock {
+    inner: Arc<eventspool::ManualClock>,
+    gate: Mutex<(bool, bool)>,
+    changed: std::sync::Condvar,
+}
+
+impl GateClock {
+    fn new() -> Arc<GateClock> {
+        Arc::new(GateClock {
+            inner: Arc::new(eventspool::ManualClock::new(1_764_417_600_000)),
+            gate: Mutex::new((false, false)),
+            changed: std::sync::Condvar::new(),
+        })
+    }
+
+    /// Waits (bounded) until the verb thread is held in `wall_ms`.
+    fn wait_held(&self) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let mut g = self.gate.lock().unwrap();
+        while !g.0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the verb never read the clock"
+            );
+            g = self
+                .changed
+                .wait_timeout(g, Duration::from_millis(20))
+                .unwrap()
+                .0;
+        }
+    }
+
+    fn release(&self) {
+        self.gate.lock().unwrap().1 = true;
+        self.changed.notify_all();
+    }
+}
+
+impl eventspool::Clock for GateClock {
+    fn now_ms(&self) -> u64 {
+        self.inner.now_ms()
+    }
+
+    fn wall_ms(&self) -> i64 {
+        if std::thread::current().name() == Some("verb") {
+            let mut g = self.gate.lock().unwrap();
+            g.0 = true;
+            self.changed.notify_all();
+            while !g.1 {
+                g = self.changed.wait(g).unwrap();
+            }
+        }
+        self.inner.wall_ms()
+    }
+
+    fn sleep_until(&self, deadline_ms: u64) -> eventspool::Sleep {
+        self.inner.sleep_until(deadline_ms)
+    }
+}
+
+/// Defect 11: a verb that passed its `closed` check (here `quarantine_redrive`, held between
+/// its check and its write) holds `shutdown()` back until it is done: `shutdown()` then saves
+/// the queued count and lets go of the store, and no write of this handle may come after that
+/// (a second handle may own the file by then).
+#[test]
+fn a_verb_past_its_check_holds_shutdown_until_it_is_done() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = fast_config("http://127.0.0.1:9/v1/batch");
+    c.db_path = Some(dir.path().join("events.db"));
+    let clock = GateClock::new();
+    let spool = EventSpool::builder(c)
+        .clock(clock.clone())
+        .start_offline()
+        .open()
+        .unwrap();
+    let verb = {
+        let spool = spool.clone();
+        std::thread::Builder::new()
+            .name("verb".into())
+            .spawn(move || spool.quarantine_redrive(&eventspool::Selector::All))
+            .unwrap()
+    };
+    clock.wait_held();
+    let shutdown = {
+        let spool = spool.clone();
+        std::thread::spawn(move || spool.shutdown(Duration::from_secs(5)))
+    };
+    // As long as shutdown() takes when nothing holds it back, and then some.
+    let deadline = std::time::Instant::now() + Duration::from_secs(1);
+    while !shutdown.is_finished() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let finished_early = shutdown.is_finished();
+    clock.release();
+    let redriven = verb.join().unwrap();
+    shutdown.join().unwrap().unwrap();
+    assert!(
+        !finished_early,
+        "shutdown() returned while quarantine_redrive, past its check, had yet to write \
+         (it then wrote to a released store: {redriven:?})"
+    );
+}
+
+/// A real file system that fills in the middle of a spill (a 1 MiB tmpfs under a store whose
+/// cap is far above it): the spill thread's transactions fail part-way, tracking goes on in
+/// memory; once space returns, every tracked event is delivered exactly once or counted.
+#[test]
+fn a_disk_that_fills_during_a_spill_leaves_every_event_delivered_once_or_counted() {
+    let fs = TinyFs::mount(1024 * 1024);
+    let collector = ReferenceCollector::start(CollectorConfig::default()).unwrap();
+    let notices = Arc::new(Notices::default());
+    let mut c = fast_config(&collector.url());
+    c.db_path = Some(fs.path().join("events.db"));
+    c.max_disk_bytes = 8 << 20;
+    c.memory_capacity = 100;
+    let spool = EventSpool::builder(c)
+        .observer(notices.clone())
+        .start_offline()
+        .open()
+        .unwrap();
+    let mut tracked = 0u64;
+    for i in 0..20_000 {
+        spool
+            .track("burst", json!({"i": i, "pad": "x".repeat(120)}))
+            .unwrap();
+        tracked += 1;
+        if i % 2_000 == 1_999 {
+            let _ = spool.persist();
+        }
+    }
+    let stats = spool.stats();
+    assert!(
+        stats.store_errors > 0,
+        "the 1 MiB file system never filled: {stats:?}"
+    );
+    assert!(stats.balances(), "{stats:?}");
+    assert!(
+        notices
+            .0
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|n| matches!(n, Notice::StoreUnavailable { .. })),
+        "no StoreUnavailable notice"
+    );
+    let on_disk = spool.stats().pending_disk;
+    fs.remount("size=64m");
+    spool.persist().unwrap();
+    spool.set_online(true);
+    assert!(
+        spool.wait_drained(Duration::from_secs(120)),
+        "did not drain once space returned: {:?}",
+        spool.stats()
+    );
+    let stats = spool.stats();
+    assert_eq!(
+        tracked,
+        stats.delivered + stats.dropped_from_queue(),
+        "tracked = delivered + dropped: {stats:?}"
+    );
+    assert_eq!(collector.distinct_count(), stats.delivered, "{stats:?}");
+    assert_eq!(
+        collector.received_count(),
+        collector.distinct_count(),
+        "an event arrived twice"
+    );
+    eprintln!(
+        "disk full mid-spill: {tracked} tracked, {on_disk} on the full disk, {} store errors, {} delivered, dropped {:?}",
+        stats.store_errors, stats.delivered, stats.dropped
+    );
+    spool.shutdown(Duration::from_secs(5)).unwrap();
+    integrity_ok(&fs.path().join("events.db")).unwrap();
 }

@@ -12,7 +12,7 @@ use eventspool::{
 };
 use serde_json::{Value, json};
 
-use crate::{CmdResult, Connection, EXIT_OK, EXIT_PENDING, Failure, print_json};
+use crate::{CmdResult, Connection, EXIT_ERROR, EXIT_OK, EXIT_PENDING, Failure, print_json};
 
 pub const SEND_HELP: &str = "\
 Each input line is one event: {\"name\", \"properties\", \"timestamp\"?, \"event_id\"?, \"session_id\"?}.
@@ -20,7 +20,10 @@ Every line is checked before anything is sent; a bad line stops with exit 2 nami
 Prints {\"delivered\",\"quarantined\",\"pending\",\"dropped\":{...},\"state\",\"attempts\"} on stdout;
 a stop adds \"last_error\" (one line), \"last_status\", and \"pause\" (auth or config) when paused.
 Exit 0: nothing pending. 3: stopped (retries spent, paused, or --timeout) with events pending;
-with --db they stay in the store for `eventspool flush`.
+with --db they stay in the store for `eventspool flush`. 1: the store failed (disk full, I/O
+error): reading stops, the summary still prints, with \"store_error\", the input lines not
+tracked as \"untracked\", and the events that were only in memory at the end counted as
+dropped \"store_refused\" (each named on stderr); what the store holds stays for a `flush`.
 
 Example:
   printf '%s\\n' '{\"name\":\"app_open\",\"properties\":{\"build\":\"1.2\"}}' |
@@ -86,12 +89,30 @@ pub fn send(args: SendArgs) -> CmdResult {
     let (spool, drops) = open(config)?;
     let total = events.len() as u64;
     let mut progress = Progress::new(total);
+    // Set when the store refuses a write: reading stops there, so no more events pile up in
+    // memory that the run could not keep.
+    let mut store_error: Option<String> = None;
     for (i, event) in events.into_iter().enumerate() {
-        spool.track_event(event)?;
+        let left = total - i as u64 - 1;
+        match spool.track_event(event) {
+            Ok(_) => {}
+            // Queued in memory all the same; the store refused it (a critical event).
+            Err(eventspool::Error::NotDurable { reason, .. }) => store_error = Some(reason),
+            Err(e) => return Err(e.into()),
+        }
         if has_store {
             // Hand memory over to the store in steps so a fast reader never outruns the spill.
-            if (i as u64 + 1).is_multiple_of((capacity / 2).max(1)) {
-                spool.persist()?;
+            if store_error.is_none()
+                && (i as u64 + 1).is_multiple_of((capacity / 2).max(1))
+                && let Err(e) = spool.persist()
+            {
+                store_error = Some(e.to_string());
+            }
+            if let Some(e) = &store_error {
+                eprintln!(
+                    "eventspool: the store failed ({e}); {left} input lines were not tracked"
+                );
+                return finish(&spool, &drops, deadline, &mut progress, left, store_error);
             }
         } else if spool.stats().pending_memory >= capacity {
             // Memory only: wait for room rather than overflow (which would drop events).
@@ -99,16 +120,16 @@ pub fn send(args: SendArgs) -> CmdResult {
                 st.pending < capacity || stuck(st)
             });
             if room.is_none_or(|st| st.pending >= capacity) {
-                let left = total - i as u64 - 1;
                 eprintln!("eventspool: delivery stalled; {left} input lines were not tracked");
-                return finish(&spool, &drops, deadline, &mut progress, left);
+                return finish(&spool, &drops, deadline, &mut progress, left, None);
             }
         }
     }
-    if has_store {
-        spool.persist()?;
+    if has_store && let Err(e) = spool.persist() {
+        eprintln!("eventspool: the store failed ({e})");
+        store_error = Some(e.to_string());
     }
-    finish(&spool, &drops, deadline, &mut progress, 0)
+    finish(&spool, &drops, deadline, &mut progress, 0, store_error)
 }
 
 pub fn flush(args: FlushArgs) -> CmdResult {
@@ -121,7 +142,7 @@ pub fn flush(args: FlushArgs) -> CmdResult {
     let deadline = Instant::now() + args.conn.timeout()?;
     let (spool, drops) = open(config)?;
     let mut progress = Progress::new(spool.stats().pending);
-    finish(&spool, &drops, deadline, &mut progress, 0)
+    finish(&spool, &drops, deadline, &mut progress, 0, None)
 }
 
 /// Opens the spool with a [`DropReporter`] watching it from the start.
@@ -148,6 +169,9 @@ impl DeliveryObserver for DropReporter {
         };
         let why = match reason.as_str() {
             "expired" => "expired: accepted longer than max_event_age_ms ago, never sent",
+            "store_refused" => {
+                "store_refused: the store could not take it (disk full or failing) and the run ended with it only in memory"
+            }
             other => other,
         };
         let mut err = std::io::stderr().lock();
@@ -188,13 +212,16 @@ fn stuck(status: &DeliveryStatus) -> bool {
     )
 }
 
-/// Drains, prints the summary, closes the spool (pending events go to the store).
+/// Drains, prints the summary, closes the spool (pending events go to the store). A store
+/// that failed (`store_error`, or the final persist at shutdown) still gets its summary, with
+/// exit 1.
 fn finish(
     spool: &EventSpool,
     drops: &DropReporter,
     deadline: Instant,
     progress: &mut Progress,
     untracked: u64,
+    mut store_error: Option<String>,
 ) -> CmdResult {
     spool.flush();
     let last = loop {
@@ -209,12 +236,17 @@ fn finish(
         }
     };
     progress.done();
-    let stats = spool.stats();
     if stuck(&last) {
         // The status line already names the last error; once is enough.
         eprintln!("eventspool: stopped: {last}");
     }
-    spool.shutdown(Duration::from_secs(10))?;
+    if let Err(e) = spool.shutdown(Duration::from_secs(10)) {
+        eprintln!("eventspool: the store failed at the end ({e})");
+        store_error.get_or_insert(e.to_string());
+    }
+    // After shutdown: what memory held was persisted, or, on a failing store, dropped and
+    // counted (`store_refused`); `pending` is then what the store keeps.
+    let stats = spool.stats();
     drops.report_unnamed(&stats);
     if stats.pending > 0 && stats.store_bytes == 0 {
         eprintln!(
@@ -222,8 +254,15 @@ fn finish(
             stats.pending
         );
     }
-    print_json(&summary(&stats, &last.state, untracked));
-    Ok(if stats.pending == 0 && untracked == 0 {
+    print_json(&summary(
+        &stats,
+        &last.state,
+        untracked,
+        store_error.as_deref(),
+    ));
+    Ok(if store_error.is_some() {
+        EXIT_ERROR
+    } else if stats.pending == 0 && untracked == 0 {
         EXIT_OK
     } else {
         EXIT_PENDING
@@ -233,7 +272,12 @@ fn finish(
 /// The summary of docs/cli.md, plus what a script needs to act on a stop: `pause` (`auth` or
 /// `config`) when paused, `attempts` (requests this run sent), and the one-line `last_error`
 /// with its `last_status` when the run ended on a failure.
-fn summary(stats: &Stats, state: &DeliveryState, untracked: u64) -> Value {
+fn summary(
+    stats: &Stats,
+    state: &DeliveryState,
+    untracked: u64,
+    store_error: Option<&str>,
+) -> Value {
     let dropped: serde_json::Map<String, Value> = stats
         .dropped
         .iter()
@@ -267,6 +311,9 @@ fn summary(stats: &Stats, state: &DeliveryState, untracked: u64) -> Value {
     }
     if untracked > 0 {
         out["untracked"] = json!(untracked);
+    }
+    if let Some(e) = store_error {
+        out["store_error"] = json!(e);
     }
     out
 }

@@ -743,3 +743,103 @@ fn send_with_consent_pending_keeps_everything_and_stops() {
         "the initial state, recorded: {status}"
     );
 }
+
+#[path = "../../../tests/support/tinyfs.rs"]
+mod tinyfs;
+
+/// A store on a file system that fills mid-run (a 1 MiB tmpfs, the cap set far above it): the
+/// summary is printed with the store's error, exit 1; what was not tracked or not kept is
+/// said; a later `flush` delivers what the store held; tracked = delivered + counted drops +
+/// pending, exactly, and nothing arrives twice. Skipped, saying why, where a tmpfs cannot be
+/// mounted (it needs root; CI runs as root).
+#[test]
+fn send_on_a_disk_that_fills_mid_run_prints_its_summary_and_accounts_for_every_event() {
+    let fs = match tinyfs::TinyFs::try_mount(1024 * 1024) {
+        Ok(fs) => fs,
+        Err(why) => {
+            eprintln!("skipped: {why}");
+            return;
+        }
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let lines = 20_000u64;
+    let input = write_input(
+        dir.path(),
+        &events(lines as usize, |i| format!("ev_{}", i % 5)),
+    );
+    let db = fs.path().join("s.db");
+    // Nothing listens on port 9: every attempt is refused, so nothing is delivered during the
+    // run and the budget of two attempts ends it quickly.
+    let out = run(&[
+        "send",
+        "--endpoint",
+        "http://127.0.0.1:9/v1/batch",
+        "--db",
+        s(&db),
+        "--input",
+        s(&input),
+        "--set",
+        "max_disk_bytes=67108864",
+        "--set",
+        "max_auto_attempts=2",
+        "--set",
+        "backoff_base_ms=10",
+        "--set",
+        "backoff_cap_ms=20",
+    ]);
+    assert_eq!(out.code, 1, "stdout: {} stderr: {}", out.stdout, out.stderr);
+    let summary = out.json();
+    let store_error = summary["store_error"].as_str().unwrap_or_default();
+    assert!(
+        store_error.contains("full"),
+        "the summary does not say the store failed: {summary}"
+    );
+    let untracked = summary["untracked"].as_u64().unwrap_or(0);
+    let tracked = lines - untracked;
+    let dropped: u64 = summary["dropped"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|n| n.as_u64().unwrap())
+        .sum();
+    let refused = summary["dropped"]["store_refused"].as_u64().unwrap_or(0);
+    let pending = summary["pending"].as_u64().unwrap();
+    assert_eq!(summary["delivered"], 0, "{summary}");
+    assert!(pending > 0, "the store kept nothing: {summary}");
+    assert!(
+        out.stderr.contains("store_refused") || refused == 0,
+        "the events not kept are not named on stderr: {}",
+        out.stderr
+    );
+    assert!(
+        out.stderr.contains("input lines were not tracked") || untracked == 0,
+        "{}",
+        out.stderr
+    );
+
+    // Space returns; a live collector takes what the store held.
+    fs.remount("size=64m");
+    let collector = Collector::start(&[]);
+    let flushed = run(&["flush", "--endpoint", &collector.url, "--db", s(&db)]);
+    assert_eq!(flushed.code, 0, "stderr: {}", flushed.stderr);
+    let later = flushed.json();
+    let delivered = later["delivered"].as_u64().unwrap();
+    assert_eq!(later["pending"], 0, "{later}");
+    assert_eq!(
+        tracked,
+        delivered + dropped,
+        "tracked {tracked} = delivered later {delivered} + counted drops {dropped} + pending 0 \
+         (send said {summary}, flush said {later})"
+    );
+    assert_eq!(delivered, pending, "flush delivered what the store held");
+    let stats = collector.stats();
+    assert_eq!(stats["distinct"], delivered, "{stats}");
+    assert_eq!(
+        stats["received"], stats["distinct"],
+        "an event arrived twice: {stats}"
+    );
+    eprintln!(
+        "full disk via the CLI: {lines} lines, {untracked} untracked, {pending} kept in the store and delivered by flush, {refused} store_refused, dropped {}",
+        summary["dropped"]
+    );
+}

@@ -56,6 +56,7 @@ impl Store {
         conn.pragma_update(None, "secure_delete", true)?;
         let result = (|| -> Result<(u64, u64)> {
             let tx = conn.transaction()?;
+            let settled = self.settle_owed(&tx)?;
             let queued = delete_unleased(&tx, &leased)?;
             let dead = tx.execute("DELETE FROM quarantine", [])? as u64;
             tx.execute("DELETE FROM reports", [])?;
@@ -69,6 +70,7 @@ impl Store {
                 while rows.next()?.is_some() {}
             }
             tx.commit()?;
+            self.owed_settled(&settled);
             Ok((queued, dead))
         })();
         let restored = conn.pragma_update(None, "secure_delete", false);

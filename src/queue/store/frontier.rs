@@ -20,8 +20,10 @@ use crate::event::{LANE_NORMAL, OrderKey};
 /// The in-order rows from a seq on (`?1`, [`Frontier::floor`]), in delivery order, at most
 /// `?2`: the table walked by seq.
 pub const IN_ORDER_ROWS: &str = "WHERE seq >= ?1 AND in_order = 1 ORDER BY seq LIMIT ?2";
-/// The indexed rows in delivery order, at most `?1`: the partial index walked.
-pub const INDEXED_ROWS: &str = "WHERE in_order = 0 ORDER BY lane, ts, seq LIMIT ?1";
+/// [`IN_ORDER_ROWS`] without a limit, for a read that steps only as far as it needs.
+pub const IN_ORDER_FROM: &str = "WHERE seq >= ?1 AND in_order = 1 ORDER BY seq";
+/// The indexed rows in delivery order: the partial index walked.
+pub const INDEXED_ALL: &str = "WHERE in_order = 0 ORDER BY lane, ts, seq";
 /// The indexed rows of lane `?1` in delivery order, at most `?2`.
 pub const INDEXED_ROWS_OF_LANE: &str = "WHERE in_order = 0 AND lane = ?1 ORDER BY ts, seq LIMIT ?2";
 
@@ -57,10 +59,13 @@ impl Frontier {
 
     /// Whether a row with this key may skip the index; if so it becomes the frontier. Called for
     /// every row written, in the order they are written (a rolled-back write only leaves the
-    /// frontier further on, which keeps the rule).
+    /// frontier further on, which keeps the rule). A row below the floor never joins: the
+    /// reads of the in-order rows start there.
     pub fn admit(&mut self, key: OrderKey) -> bool {
         let (lane, _, seq) = key;
-        let fits = lane == LANE_NORMAL && self.last.is_none_or(|last| key > last && seq > last.2);
+        let fits = lane == LANE_NORMAL
+            && seq >= self.floor
+            && self.last.is_none_or(|last| key > last && seq > last.2);
         if fits {
             self.last = Some(key);
         }
@@ -72,12 +77,17 @@ impl Frontier {
     }
 
     /// After a read of the in-order rows from [`Frontier::floor`]: `first` is the seq of the
-    /// first one it met, or `None` when there was none, in which case no in-order row exists
-    /// and any new one will come after the frontier.
+    /// first one it met, or `None` when there was none. Then no in-order row exists at all, and
+    /// the frontier starts again from nothing (above the floor): otherwise one future-dated
+    /// event (an importer, a wrong clock), once delivered, would leave every later row indexed
+    /// and every batch read walking all of them.
     pub fn observed(&mut self, first: Option<u64>) {
         let floor = match (first, self.last) {
             (Some(seq), _) => seq,
-            (None, Some(last)) => last.2 + 1,
+            (None, Some(last)) => {
+                self.last = None;
+                last.2 + 1
+            }
             (None, None) => return,
         };
         self.floor = self.floor.max(floor);
@@ -125,5 +135,15 @@ mod tests {
             11,
             "every in-order row is gone: new ones come after 10"
         );
+        assert!(
+            f.admit((LANE_NORMAL, 0, 11)),
+            "with no in-order row left, the frontier starts again"
+        );
+        assert!(!f.admit((LANE_NORMAL, -5, 12)), "behind the new frontier");
+        let mut g = Frontier {
+            last: None,
+            floor: 20,
+        };
+        assert!(!g.admit((LANE_NORMAL, 1, 19)), "below the floor");
     }
 }

@@ -3,11 +3,17 @@
 //! `PRAGMA user_version` holds the version. Each entry of [`MIGRATIONS`] upgrades from its index
 //! to index + 1, so a store written by any earlier release opens and is upgraded in place. A store
 //! of a newer version, or one that is not ours, is never modified: the opener moves it aside.
+//!
+//! The rule (README "Decisions"): every change to what a row means, not only to the tables,
+//! bumps the version, with a step here (SQL, and where the rows themselves must be rewritten, a
+//! data step the store runs in the same transaction). A build older than the store then moves
+//! it aside instead of misreading it; a build of the same version never finds rows it does not
+//! understand.
 
-use rusqlite::{Connection, OptionalExtension};
+use rusqlite::{Connection, OptionalExtension, Transaction};
 
 /// The version this build writes.
-pub const SCHEMA_VERSION: i64 = 6;
+pub const SCHEMA_VERSION: i64 = 7;
 
 /// Stands, in a step, for the wall clock at the upgrade (ms since the epoch, UTC): [`migrate`]
 /// writes it in as an integer literal before the step runs.
@@ -93,7 +99,38 @@ const MIGRATIONS: &[&str] = &[
     "ALTER TABLE events ADD COLUMN in_order INTEGER NOT NULL DEFAULT 0;  -- 1: see frontier.rs
     DROP INDEX events_by_lane_order;
     CREATE INDEX events_out_of_order ON events(lane, ts, seq) WHERE in_order = 0;",
+    // 6 → 7: what rows mean changed under version 6 without a bump, which a build from before
+    // the changes would misread; from 7 on such a build moves the store aside instead.
+    // - A queued body may leave out its head (`{"event_id":…,"timestamp":…,`), put back from
+    //   the `event_id` and `ts` columns (event.rs `wire_tail`); an older build would send it
+    //   without them.
+    // - `in_order = 1` rows skip the ordering index (step 5 → 6 added the column, later builds
+    //   rely on it for order).
+    // - A sealed body's associated data names its timestamp and lane too (the store's
+    //   `body_ad`): the data step seals every sealed body again.
+    // - The queued count a clean close leaves (`queue_rows_at_close`) is guarded from now on
+    //   ([`guard_saved_count`]); one saved under 6 may have been left stale by a build that
+    //   did not know it, so it goes and the next open counts the table.
+    "DELETE FROM meta WHERE name = 'queue_rows_at_close';",
 ];
+
+/// Triggers that take the queued count saved at a clean close out as soon as any writer adds
+/// or deletes a queued row: a build or tool that does not know the count (and so does not
+/// keep it) makes the next open count the table instead of trusting it. Created with the
+/// count, dropped by the open that takes it ([`unguard_saved_count`]), so they never cost the
+/// store's own writes anything.
+pub fn guard_saved_count(name: &str) -> String {
+    format!(
+        "CREATE TRIGGER IF NOT EXISTS saved_count_void_on_insert AFTER INSERT ON events
+             BEGIN DELETE FROM meta WHERE name = '{name}'; END;
+         CREATE TRIGGER IF NOT EXISTS saved_count_void_on_delete AFTER DELETE ON events
+             BEGIN DELETE FROM meta WHERE name = '{name}'; END;"
+    )
+}
+
+/// Drops what [`guard_saved_count`] created.
+pub const UNGUARD_SAVED_COUNT: &str = "DROP TRIGGER IF EXISTS saved_count_void_on_insert;
+     DROP TRIGGER IF EXISTS saved_count_void_on_delete;";
 
 /// The 3 → 4 step on its own, so it can move to another index when steps are renumbered.
 const ENCRYPTION_STEP: &str = "ALTER TABLE events ADD COLUMN key_id INTEGER NOT NULL DEFAULT 0;
@@ -145,7 +182,12 @@ pub const BUSY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 pub fn configure(conn: &Connection, wal_limit_bytes: u64) -> rusqlite::Result<()> {
     conn.busy_timeout(BUSY_TIMEOUT)?;
-    conn.pragma_update(None, "auto_vacuum", "INCREMENTAL")?;
+    // Set only when it is not already: setting it writes the database header (a commit) even
+    // when nothing changes, and an open refused for a wrong key must write nothing.
+    let auto_vacuum: i64 = conn.pragma_query_value(None, "auto_vacuum", |r| r.get(0))?;
+    if auto_vacuum != 2 {
+        conn.pragma_update(None, "auto_vacuum", "INCREMENTAL")?;
+    }
     conn.query_row("PRAGMA journal_mode = WAL", [], |_| Ok(()))?;
     conn.pragma_update(None, "synchronous", "NORMAL")?;
     conn.query_row(
@@ -178,18 +220,29 @@ pub fn inspect(conn: &Connection) -> Result<Result<i64, Unusable>, rusqlite::Err
     Ok(Ok(version))
 }
 
+/// A step that rewrites rows, run after the SQL of the step to the version it is given, in the
+/// same transaction.
+pub type DataStep<'a> = &'a mut dyn FnMut(i64, &Transaction<'_>) -> rusqlite::Result<()>;
+
 /// Brings the schema from `version` (what [`inspect`] found) to [`SCHEMA_VERSION`]; `wall_ms` is
-/// the time of the upgrade.
-pub fn migrate(conn: &mut Connection, version: i64, wall_ms: i64) -> rusqlite::Result<()> {
+/// the time of the upgrade. Each step is one transaction.
+pub fn migrate(
+    conn: &mut Connection,
+    version: i64,
+    wall_ms: i64,
+    data: DataStep<'_>,
+) -> rusqlite::Result<()> {
     if (3..=5).contains(&version) && has_table(conn, "fleet")? {
         let tx = conn.transaction()?;
         tx.execute_batch(FLEET_FORM_TO_3)?;
         tx.commit()?;
     }
     for (from, step) in MIGRATIONS.iter().enumerate().skip(version as usize) {
+        let to = from as i64 + 1;
         let tx = conn.transaction()?;
         tx.execute_batch(&step.replace(UPGRADE_MS, &wall_ms.to_string()))?;
-        tx.pragma_update(None, "user_version", from as i64 + 1)?;
+        data(to, &tx)?;
+        tx.pragma_update(None, "user_version", to)?;
         tx.commit()?;
     }
     Ok(())
@@ -202,6 +255,21 @@ fn has_table(conn: &Connection, name: &str) -> rusqlite::Result<bool> {
         |r| r.get::<_, i64>(0),
     )
     .map(|n| n > 0)
+}
+
+/// A file as version `version` wrote it (its SQL, its `user_version`), for upgrade tests.
+#[cfg(test)]
+pub fn create_at(conn: &Connection, version: i64) {
+    for step in &MIGRATIONS[..version as usize] {
+        conn.execute_batch(&step.replace(UPGRADE_MS, "5")).unwrap();
+    }
+    conn.pragma_update(None, "user_version", version).unwrap();
+}
+
+/// A [`DataStep`] for stores without sealed rows (tests of the SQL alone).
+#[cfg(test)]
+pub fn no_data(_: i64, _: &Transaction<'_>) -> rusqlite::Result<()> {
+    Ok(())
 }
 
 #[cfg(test)]
@@ -252,7 +320,7 @@ mod tests {
         let mut conn = Connection::open(&path).unwrap();
         let version = inspect(&conn).unwrap().unwrap();
         assert_eq!(version, 2);
-        migrate(&mut conn, version, 1_764_417_600_000).unwrap();
+        migrate(&mut conn, version, 1_764_417_600_000, &mut no_data).unwrap();
         let v: i64 = conn
             .pragma_query_value(None, "user_version", |r| r.get(0))
             .unwrap();
@@ -283,7 +351,7 @@ mod tests {
         let mut conn = Connection::open(&path).unwrap();
         let version = inspect(&conn).unwrap().unwrap();
         assert_eq!(version, 1);
-        migrate(&mut conn, version, 1_764_417_600_000).unwrap();
+        migrate(&mut conn, version, 1_764_417_600_000, &mut no_data).unwrap();
         let v: i64 = conn
             .pragma_query_value(None, "user_version", |r| r.get(0))
             .unwrap();
@@ -338,7 +406,7 @@ mod tests {
         assert_eq!(meta, 0, "no consent recorded by an upgrade");
         // A second open finds nothing to do.
         assert_eq!(inspect(&conn).unwrap().unwrap(), SCHEMA_VERSION);
-        migrate(&mut conn, SCHEMA_VERSION, 0).unwrap();
+        migrate(&mut conn, SCHEMA_VERSION, 0, &mut no_data).unwrap();
     }
 
     /// The fleet form of version 3, as the 94994ab command wrote it (tests/fixtures/stores), and
@@ -366,7 +434,7 @@ mod tests {
             conn.pragma_update(None, "user_version", left_at).unwrap();
             let version = inspect(&conn).unwrap().unwrap();
             assert_eq!(version, left_at);
-            migrate(&mut conn, version, 1_764_417_600_000).unwrap();
+            migrate(&mut conn, version, 1_764_417_600_000, &mut no_data).unwrap();
             assert_eq!(inspect(&conn).unwrap().unwrap(), SCHEMA_VERSION);
             let kept: String = conn
                 .query_row(

@@ -601,9 +601,13 @@ fn wait_for_sees_a_state_that_lasted_only_an_instant() {
         .open()
         .unwrap();
     spool.track("blink", json!({})).unwrap();
-    spool.set_online(true);
-    // On the auto-advancing clock the retry fires the moment it is scheduled.
+    // On the auto-advancing clock the retry fires the moment it is scheduled. The spool goes
+    // online from inside the first call of the predicate, so the whole episode happens after
+    // wait_for began looking (going online before the call let a loaded machine run the
+    // episode before wait_for started).
+    let online = std::sync::Once::new();
     let seen = spool.wait_for(WAIT, |s| {
+        online.call_once(|| spool.set_online(true));
         matches!(s.state, DeliveryState::RetryScheduled { attempt: 1, .. })
     });
     assert!(seen.is_some(), "the retry was announced, however briefly");

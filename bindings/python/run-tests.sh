@@ -39,10 +39,12 @@ start=$SECONDS
 (
     cd bindings/python
     PATH="$root/bindings/python/build_support:$root/$out/build-venv/bin:$PATH" \
-        "$root/$out/build-venv/bin/maturin" build --quiet --profile dev --strip \
+        "$root/$out/build-venv/bin/maturin" build --quiet --profile dev \
         --zig --compatibility manylinux_2_17 --out "$root/$out/wheels" >&2
 )
 wheel=("$out"/wheels/eventspool-*.whl)
+# Stripped once the generator has read the library (strip_wheel.py says why not maturin's --strip).
+python3 bindings/python/strip_wheel.py "${wheel[0]}"
 printf 'built %s (%d bytes) in %ds\n' "${wheel[0]}" "$(stat -c %s "${wheel[0]}")" $((SECONDS - start)) >&2
 python3 bindings/python/check_wheel.py "${wheel[0]}" --glibc 2.17
 
@@ -55,7 +57,7 @@ start=$SECONDS
 )
 sdist=("$out"/wheels/eventspool-*.tar.gz)
 # The same target dir, so the dependencies built above are reused; dev profile, no zig.
-CARGO_TARGET_DIR="$root/target" MATURIN_PEP517_ARGS="--profile dev" \
+PATH="$root/$out/build-venv/bin:$PATH" CARGO_TARGET_DIR="$root/target" MATURIN_PEP517_ARGS="--profile dev" \
     "$out/build-venv/bin/pip" wheel --quiet --no-deps --no-build-isolation "${sdist[0]}" -w "$out/sdist-wheel"
 sdist_wheel=("$out"/sdist-wheel/eventspool-*.whl)
 printf 'sdist %s (%d bytes) builds %s in %ds\n' "${sdist[0]}" "$(stat -c %s "${sdist[0]}")" "$(basename "${sdist_wheel[0]}")" $((SECONDS - start)) >&2

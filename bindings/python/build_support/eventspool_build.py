@@ -7,6 +7,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 os.environ["PATH"] = str(HERE) + os.pathsep + os.environ.get("PATH", "")
+# An sdist keeps no mode bits: the generator script must be runnable for maturin to call it.
+_bindgen = HERE / "uniffi-bindgen"
+if _bindgen.exists() and not os.access(_bindgen, os.X_OK):
+    _bindgen.chmod(0o755)
 
 # Built from the sdist: maturin lays it out as the workspace (the FFI crate lives outside this
 # folder) with a copy of pyproject.toml at its root whose paths (python-source) only hold from

@@ -217,7 +217,7 @@ internal class Handoff(
         report.notDurable?.let { reason ->
             val n = report.recorded.toLong()
             val after = notDurable.addAndGet(n)
-            if (after - n == 0L || (after - n) / Refusals.LOG_EVERY != after / Refusals.LOG_EVERY) {
+            if (after - n == 0L || (after - n) / 1_000 != after / 1_000) {
                 runCatching { logger.log(SpoolLogger.Level.WARN, "eventspool: $after event(s) recorded in memory only, the store refused them: $reason", null) }
             }
         }
@@ -254,7 +254,7 @@ internal class Handoff(
 /**
  * What the hand-off did. [refused] counts `track()` calls that recorded nothing, by reason, and
  * [rejected] the events the core refused after `track()` had returned; each reason is logged at
- * its first event and then once per 1,000.
+ * its first event and then at most once a minute.
  */
 data class HandoffStats(
     /** Events waiting for the hand-off thread now. */

@@ -16,7 +16,8 @@
 # The Android libraries come from a release job with the Android NDK (see README §Mobile):
 # this machine cannot link for bionic. --abi refuses a library linked against glibc (the host's);
 # --host-test packs the host library under jni/x86_64/ all the same, to check the layout, and
-# names the file eventspool-android-host-test.aar so it is never mistaken for a release.
+# names the file eventspool-android-host-test.aar so it is never mistaken for a release. Every
+# --abi library must be aligned for 16 KB pages (check-page-alignment.sh).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -74,6 +75,15 @@ for pair in "${abis[@]}"; do
     if [[ $host_test -eq 0 ]] && grep -q 'NEEDED.*\[libc\.so\.6\]' <<<"$(readelf -d "$lib" 2>/dev/null)"; then
         echo "build-aar.sh: --abi $abi: '$lib' links glibc's libc.so.6: a host build, not an Android (bionic) one" >&2
         exit 2
+    fi
+    # Google Play requires 16 KB page alignment (check-page-alignment.sh says why); the host
+    # library of --host-test is a 4 KB-aligned glibc build and is only reported.
+    if ! bash bindings/android/check-page-alignment.sh "$lib"; then
+        if [[ $host_test -eq 0 ]]; then
+            echo "build-aar.sh: --abi $abi: '$lib' is not aligned for 16 KB pages (README §Android and iOS builds: the NDK command)" >&2
+            exit 2
+        fi
+        echo "build-aar.sh: (--host-test: the host library is packed all the same, to check the layout)" >&2
     fi
     mkdir -p "$work/aar/jni/$abi"
     cp "$lib" "$work/aar/jni/$abi/libeventspool_ffi.so"

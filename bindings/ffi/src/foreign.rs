@@ -75,6 +75,11 @@ pub struct TransportRequest {
     pub body: Vec<u8>,
     /// The whole exchange should finish within this; the SDK gives up on it after that anyway.
     pub timeout_ms: u64,
+    /// Read at most this many bytes of the answer, plus one: the SDK keeps `max_response_bytes`
+    /// and takes a longer body as cut short (docs/protocol.md §Read bound), so reading further
+    /// only lets a hostile or broken collector fill the app's memory. 0: no bound given.
+    #[uniffi(default = 0)]
+    pub max_response_bytes: u64,
 }
 
 /// Headers are shown by name only, as for [`eventspool::HttpRequest`]: `Authorization` carries the API key.
@@ -88,6 +93,7 @@ impl std::fmt::Debug for TransportRequest {
             .field("headers", &names)
             .field("body_bytes", &self.body.len())
             .field("timeout_ms", &self.timeout_ms)
+            .field("max_response_bytes", &self.max_response_bytes)
             .finish()
     }
 }
@@ -181,6 +187,7 @@ impl Transport for TransportAdapter {
                 headers: request.headers.into_iter().collect(),
                 body: request.body,
                 timeout_ms: duration_ms(request.timeout),
+                max_response_bytes: bound as u64,
             };
             // The foreign call starts in the first poll, which the SDK makes while it holds
             // the consent check (README §Consent): a call started later could go out after

@@ -10,6 +10,7 @@
 //! catches anything left, so nothing unwinds into foreign code (the crate must not be built
 //! with `panic = "abort"`).
 
+mod batch;
 mod foreign;
 mod types;
 
@@ -23,6 +24,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+pub use batch::{BatchReport, Refusal, RefusedLine};
 pub use foreign::{
     DeliveryObserver, HttpTransport, HttpTransportError, ObserverError, TransportRequest,
     TransportResponse,
@@ -602,8 +604,35 @@ impl ObserverHandle {
 }
 
 fn parse_properties(json: &str) -> Result<serde_json::Value, Error> {
-    serde_json::from_str(json)
-        .map_err(|e| Error::InvalidEvent(format!("properties_json is not valid JSON: {e}")))
+    serde_json::from_str(json).map_err(|e| {
+        // Python's json.dumps and JavaScript-ish encoders write these for a float that is not
+        // a number; serde only says "expected value": name the value, which is what to fix.
+        let non_number = non_finite_at(json, &e)
+            .map(|word| format!(" ({word} is not a JSON number: send null or a string)"))
+            .unwrap_or_default();
+        Error::InvalidEvent(format!(
+            "properties_json is not valid JSON: {e}{non_number}"
+        ))
+    })
+}
+
+/// `NaN`, `Infinity` or `-Infinity` where serde's syntax error points, if that is what stands there.
+fn non_finite_at(json: &str, e: &serde_json::Error) -> Option<&'static str> {
+    if !e.is_syntax() {
+        return None;
+    }
+    let line = json.lines().nth(e.line().checked_sub(1)?)?;
+    let start = line.char_indices().nth(e.column().checked_sub(1)?)?.0;
+    // serde points at the first byte it could not take: the value's start, or just after a '-'.
+    let from = if start > 0 && line[..start].ends_with('-') {
+        start - 1
+    } else {
+        start
+    };
+    let rest = &line[from..];
+    ["-Infinity", "Infinity", "NaN"]
+        .into_iter()
+        .find(|word| rest.starts_with(word))
 }
 
 /// Locks a mutex even if a thread panicked while holding it: the guarded values (the handle,
@@ -616,6 +645,27 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_non_finite_number_is_named() {
+        for (json, word) in [
+            (r#"{"score": NaN}"#, "NaN"),
+            (r#"{"a": 1, "b": Infinity}"#, "Infinity"),
+            ("{\n \"c\": [1, -Infinity]}", "-Infinity"),
+        ] {
+            let Err(Error::InvalidEvent(reason)) = parse_properties(json) else {
+                panic!("{json} was accepted");
+            };
+            assert!(
+                reason.contains(&format!("({word} is not a JSON number")),
+                "{json}: {reason}"
+            );
+        }
+        let Err(Error::InvalidEvent(reason)) = parse_properties(r#"{"a": nope}"#) else {
+            panic!("accepted");
+        };
+        assert!(!reason.contains("not a JSON number"), "{reason}");
+    }
 
     #[test]
     fn absent_fields_keep_the_defaults() {
@@ -714,6 +764,7 @@ mod tests {
             .collect(),
             body: b"{}".to_vec(),
             timeout_ms: 1_000,
+            max_response_bytes: 65_536,
         };
         let text = format!("{request:?} {request:#?}");
         assert!(!text.contains("sk-live-0123456789"), "{text}");

@@ -217,6 +217,30 @@ def test_opt_out_and_purge(collector, fast_config):
     spool.shutdown(5_000)
 
 
+def test_nan_and_infinity_are_refused_by_name(collector, fast_config):
+    from eventspool.batching import BatchingTracker
+
+    spool = EventSpool(fast_config(collector.url), start_offline=True)
+    # json.dumps writes NaN and Infinity by default; the SDK names them instead of "expected value".
+    with pytest.raises(SpoolError.InvalidEvent) as e:
+        spool.track("score", json.dumps({"ratio": float("nan")}))
+    assert "NaN is not a JSON number" in str(e.value)
+    with pytest.raises(SpoolError.InvalidEvent) as e:
+        spool.track("score", json.dumps({"ratio": [1.0, float("-inf")]}))
+    assert "-Infinity is not a JSON number" in str(e.value)
+    with BatchingTracker(spool) as tracker:
+        with pytest.raises(ValueError) as e:
+            tracker.track("score", {"cart": {"total": float("inf")}})
+        assert "property cart.total: Infinity is not a JSON number" in str(e.value)
+        with pytest.raises(ValueError) as e:
+            tracker.track("score", {"ratios": [0.5, float("nan")]})
+        assert "property ratios[1]: NaN" in str(e.value)
+        tracker.track("score", {"ratio": 0.5})
+    assert tracker.errors() == []
+    assert spool.stats().tracked == 1
+    spool.shutdown(5_000)
+
+
 def test_batching_tracker_hands_everything_over_in_order(collector, fast_config):
     from eventspool.batching import BatchingTracker
 

@@ -32,7 +32,7 @@ What this trades, on purpose:
     `track()` returned: call `flush()` where the app needs that guarantee.
 - The event's timestamp is the time of the `track()` call (taken then, formatted later).
 - Bad input that Python can see (empty or over-long name, properties that are not a dict or not
-  JSON-serializable) raises at `track()`. Anything the SDK refuses later (an event over
+  JSON-serializable, a NaN or infinite float, named by its key path) raises at `track()`. Anything the SDK refuses later (an event over
   `max_event_bytes`, a malformed explicit `event_id`) is reported by `errors()` and skipped,
   without holding back the good events gathered with it.
 
@@ -43,6 +43,7 @@ What this trades, on purpose:
 
 import atexit
 import json
+import math
 import threading
 import time
 
@@ -52,6 +53,32 @@ MAX_NAME_BYTES = 256
 def _timestamp(t):
     ms = int(t * 1000)
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms // 1000)) + ".%03dZ" % (ms % 1000)
+
+
+def _non_finite(value, path):
+    """The key path and the value of the first float JSON has no number for, or None."""
+    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
+        return path, value
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found = _non_finite(item, f"{path}.{key}" if path else str(key))
+            if found:
+                return found
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            found = _non_finite(item, f"{path}[{i}]")
+            if found:
+                return found
+    return None
+
+
+def _non_finite_message(properties):
+    found = _non_finite(properties, "")
+    if not found:
+        return "properties hold a float JSON has no number for (NaN or infinity)"
+    path, value = found
+    word = "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    return f"property {path}: {word} is not a JSON number (send None, or a string)"
 
 
 class BatchingTracker:
@@ -94,7 +121,11 @@ class BatchingTracker:
             event["event_id"] = event_id
         if session_id is not None:
             event["session_id"] = session_id
-        line = json.dumps(event, separators=(",", ":"))  # TypeError for what JSON cannot hold
+        try:
+            # allow_nan=False: json.dumps would write NaN / Infinity, which no JSON parser reads.
+            line = json.dumps(event, separators=(",", ":"), allow_nan=False)  # TypeError for what JSON cannot hold
+        except ValueError:
+            raise ValueError(_non_finite_message(properties)) from None
         item = (line, time.time(), timestamp is not None)
         # Each turn either takes the event, waits for the hand-over in progress to return, or
         # hands the waiting events over on this thread: a hand-over returns, so this ends.

@@ -64,8 +64,8 @@ class LayerTest {
         Spool(fastConfig(collector.url, db), startOffline = true).use { spool ->
             val ids = (0 until 300).map { spool.track("screen_view", props(it)) }
             assertEquals(300, ids.toSet().size)
-            ids.forEach { assertEquals(7, UUID.fromString(it).version()) }
-            val stats = spool.stats() // waits for the hand-off first
+            ids.forEach { assertEquals(7, UUID.fromString(it!!).version()) }
+            val stats = spool.statsBlocking() // waits for the hand-off first
             assertEquals(300uL, stats.tracked)
             assertEquals(300L, spool.handoffStats().handedOff)
             assertTrue(spool.handoffStats().batches < 300, "batched: ${spool.handoffStats()}")
@@ -74,7 +74,7 @@ class LayerTest {
             spool.setOnline(true)
             assertTrue(runBlocking { spool.awaitDrained(20_000) })
             assertEquals(300L, collector.distinct())
-            assertEquals(300uL, spool.stats().delivered)
+            assertEquals(300uL, spool.statsBlocking().delivered)
         }
     }
 
@@ -95,23 +95,23 @@ class LayerTest {
     }
 
     @Test
-    fun `a value with no JSON form is refused with its path, nothing tracked`() {
-        Spool(fastConfig(collector.url, db)).use { spool ->
+    fun `a value with no JSON form is refused with its path, nothing tracked (strict)`() {
+        Spool(fastConfig(collector.url, db), strict = true).use { spool ->
             val e = assertThrows<PropertyException> {
                 spool.track("cart", mapOf("cart" to mapOf("items" to listOf(1, Thread.currentThread()))))
             }
             assertEquals("cart.items[1]", e.path)
             assertEquals("ratio", assertThrows<PropertyException> { spool.track("x", mapOf("ratio" to Double.NaN)) }.path)
             assertThrows<SpoolException.InvalidEvent> { spool.track("", mapOf()) }
-            assertEquals(0uL, spool.stats().tracked)
+            assertEquals(0uL, spool.statsBlocking().tracked)
         }
     }
 
     @Test
-    fun `a full hand-off makes track wait, it never drops`() {
-        Spool(fastConfig(collector.url, db), startOffline = true, handoffCapacity = 4).use { spool ->
+    fun `a full hand-off makes track wait on a thread that may wait, it never drops there`() {
+        Spool(fastConfig(collector.url, db), startOffline = true, handoffCapacity = 4, mayWait = { true }).use { spool ->
             repeat(2_000) { spool.track("burst", mapOf("i" to it)) }
-            val stats = spool.stats()
+            val stats = spool.statsBlocking()
             assertEquals(2_000uL, stats.tracked)
             val handoff = spool.handoffStats()
             assertTrue(handoff.waits > 0, "capacity 4 against 2,000 calls must have pushed back: $handoff")
@@ -123,14 +123,26 @@ class LayerTest {
     }
 
     @Test
-    fun `durability always returns only once the event is in the store`() {
-        Spool(fastConfig(collector.url, db).copy(durability = "always"), startOffline = true).use { spool ->
-            repeat(5) { spool.track("paid", mapOf("i" to it)) }
-            // Straight to the core, no hand-off wait: the five are stored already.
+    fun `the layer's default commits on the hand-off thread, trackDurably returns once stored`() {
+        Spool(fastConfig(collector.url, db), startOffline = true).use { spool ->
+            repeat(4) { spool.track("paid", mapOf("i" to it)) }
+            val id = runBlocking { spool.trackDurably("paid", mapOf("i" to 4)) }
+            assertTrue(id != null)
+            // Straight to the core, no hand-off wait: the hand-off thread committed all five.
             val stats = spool.core.stats()
             assertEquals(5uL, stats.tracked)
             assertEquals(5uL, stats.pendingDisk)
-            assertEquals(0L, spool.handoffStats().handedOff)
+            assertEquals(5L, spool.handoffStats().handedOff)
+        }
+    }
+
+    @Test
+    fun `durability spill when the config says so - the events stay in memory`() {
+        Spool(fastConfig(collector.url, db).copy(durability = "spill"), startOffline = true).use { spool ->
+            repeat(5) { spool.track("light", mapOf("i" to it)) }
+            val stats = spool.statsBlocking()
+            assertEquals(5uL, stats.tracked)
+            assertEquals(0uL, stats.pendingDisk)
         }
     }
 
@@ -141,10 +153,11 @@ class LayerTest {
             spool.track("before", mapOf())
             val big = spool.track("big", mapOf("blob" to "x".repeat(40_000)))
             spool.track("after", mapOf())
-            assertEquals(2uL, spool.stats().tracked)
+            assertEquals(2uL, spool.statsBlocking().tracked)
             assertEquals(mapOf("event_too_large" to 1L), spool.handoffStats().rejected)
             assertEquals(listOf(big), rejected.map { it.eventId })
-            assertTrue(rejected.single().cause is SpoolException.EventTooLarge)
+            assertEquals("event_too_large", rejected.single().reason)
+            assertTrue(rejected.single().message.contains("max_event_bytes"), rejected.single().message)
         }
     }
 
@@ -153,7 +166,8 @@ class LayerTest {
         Spool(fastConfig(collector.url, db), startOffline = true).use { spool ->
             repeat(50) { spool.track("late", mapOf("i" to it)) }
             runBlocking { spool.shutdown(5_000) }
-            assertThrows<SpoolException.ShutDown> { spool.track("later", mapOf()) }
+            assertEquals(null, spool.track("later", mapOf()))
+            assertEquals(mapOf("shut_down" to 1L), spool.handoffStats().refused)
             assertEquals(50uL, spool.core.stats().tracked)
         }
         // Persisted at shutdown: a new spool on the same file delivers all 50.

@@ -29,10 +29,10 @@ class OkHttpTransportTest {
     @AfterEach
     fun stop() = server.close()
 
-    private fun post(path: String = "/v1/batch", timeoutMs: ULong = 2_000uL) = TransportRequest(
+    private fun post(path: String = "/v1/batch", timeoutMs: ULong = 2_000uL, maxResponseBytes: ULong = 64uL * 1024uL) = TransportRequest(
         method = "POST", url = server.url(path).toString(),
         headers = mapOf("content-type" to "application/json", "content-encoding" to "identity", "authorization" to "Bearer k-1", "content-length" to "13"),
-        body = """{"events":[]}""".toByteArray(), timeoutMs = timeoutMs,
+        body = """{"events":[]}""".toByteArray(), timeoutMs = timeoutMs, maxResponseBytes = maxResponseBytes,
     )
 
     @Test
@@ -76,6 +76,15 @@ class OkHttpTransportTest {
     }
 
     @Test
+    fun `a huge answer is read only up to the SDK's bound`() {
+        val huge = okio.Buffer().apply { repeat(8 * 1024) { write(ByteArray(1024) { 'x'.code.toByte() }) } }
+        server.enqueue(MockResponse.Builder().code(200).body(huge).build())
+        val response = transport.send(post())
+        // One byte over the bound tells the SDK the answer was cut (it never counts a cut 2xx as delivered).
+        assertTrue(response.body.size <= 64 * 1024 + 1, "read ${response.body.size} bytes of an 8 MiB answer")
+    }
+
+    @Test
     fun `nobody listening is a Connect failure`() {
         val port = server.port
         server.close()
@@ -92,7 +101,7 @@ class OkHttpTransportTest {
                 spool.flushBlocking()
                 assertTrue(spool.waitDrainedBlocking(20_000))
                 assertEquals(220L, collector.distinct())
-                assertTrue(spool.stats().requests >= 5uL)
+                assertTrue(spool.statsBlocking().requests >= 5uL)
             }
         } finally {
             collector.stop()

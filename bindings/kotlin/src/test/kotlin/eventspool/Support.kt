@@ -76,6 +76,15 @@ class CollectorProcess(
         return Regex("\"$name\"\\s*:\\s*(\\d+)").find(body)!!.groupValues[1].toLong()
     }
 
+    /** The properties JSON the collector stored for each event named [name], read from its SQLite file. */
+    fun storedProperties(name: String): List<String> =
+        java.sql.DriverManager.getConnection("jdbc:sqlite:file:$db?mode=ro").use { c ->
+            c.prepareStatement("SELECT properties FROM events WHERE name = ? ORDER BY timestamp, event_id").use { st ->
+                st.setString(1, name)
+                st.executeQuery().use { rs -> buildList { while (rs.next()) add(rs.getString(1)) } }
+            }
+        }
+
     override fun close() = stop()
 
     companion object {

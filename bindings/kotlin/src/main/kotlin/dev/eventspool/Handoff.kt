@@ -1,173 +1,272 @@
 package dev.eventspool
 
 import java.time.Instant
-import java.util.concurrent.ArrayBlockingQueue
-import java.util.concurrent.ConcurrentHashMap
+import java.util.concurrent.CompletableFuture
+import java.util.concurrent.LinkedBlockingQueue
+import java.util.concurrent.Semaphore
 import java.util.concurrent.TimeUnit
 import java.util.concurrent.atomic.AtomicLong
 import kotlinx.serialization.json.JsonObject
 import kotlinx.serialization.json.JsonPrimitive
 import uniffi.eventspool.EventSpool
-import uniffi.eventspool.NewEvent
-import uniffi.eventspool.SpoolException
+import uniffi.eventspool.Priority
 
 /**
- * The bounded hand-off between `track()` and the core.
+ * The bounded hand-off between `track()` and the core, and the one thread that talks to it.
  *
  * Why: one call through the generated bindings costs tens of microseconds of JNA marshalling,
- * too much for a UI thread. `track()` only puts a small record here (the id and timestamp are
- * already fixed, so they never change later); one background thread takes everything waiting
- * and records it with a single `track_batch` call, so the FFI cost is paid once per batch.
+ * too much for a UI thread, and opening the store (loading the library, SQLite, a migration)
+ * costs milliseconds to seconds. `track()` only puts a small record here (the id and timestamp
+ * are fixed already, so they never change later); the thread first opens the spool, then takes
+ * everything waiting and records it with one `track_batch_report` call: the FFI cost is paid
+ * once per batch, and under `durability = always` (the layer's default) the batch is one commit
+ * (group commit) on this thread, never on the caller's.
  *
- * Bounded: at most [capacity] records. When it is full, `track()` waits for room (the
- * back-pressure is counted in [HandoffStats.waits]); nothing is dropped to make room.
- * What a crash can lose: the records still here, at most [capacity]: at an app's rate the
- * events of the last `track_batch` call (a few ms), under a burst that fills the queue as long
- * as the core takes to record [capacity] events (about 170 ms on the bench machine, see
- * BENCHMARKS.md); on top of what the core itself holds in memory under `durability = spill`.
+ * Bounded: at most [capacity] events wait here, also while the spool is still opening (the
+ * pre-open queue). When it is full, `track()` does not wait unless [mayWait] says this thread
+ * may (never a UI thread): the event is counted as `handoff_full`. Control items (setEnabled,
+ * flush, a wait for the hand-off) are not counted against the bound, so they are never refused,
+ * and they run in order with the events around them.
+ *
+ * Idle, the thread sleeps in `take()`: no timer wakes it.
+ *
+ * What a crash can lose: the events waiting here and those inside the `track_batch_report` call
+ * in progress. At an app's rate that is the events of the last call (a few milliseconds, the
+ * time of one commit); a burst that fills the queue loses up to [capacity].
  */
 internal class Handoff(
-    private val core: EventSpool,
     val capacity: Int,
     private val maxBatch: Int,
+    private val open: () -> EventSpool?,
+    private val mayWait: () -> Boolean,
     private val onRejected: (HandoffRejected) -> Unit,
+    private val refused: Refusals,
+    private val rejected: Refusals,
+    /** Why nothing can be recorded, once the open failed: the counters' reason and the log's text. */
+    private val unavailable: () -> Pair<String, String>,
+    private val logger: SpoolLogger,
 ) {
-    class Pending(val name: String, val properties: JsonObject, val id: String, val timestampMs: Long)
+    sealed class Item
 
-    private val queue = ArrayBlockingQueue<Pending>(capacity)
-    /** Counted before the record goes in, so a waiter's target covers every `track()` that returned. */
-    private val reserved = AtomicLong()
+    class Pending(
+        val name: String,
+        val properties: JsonObject,
+        val id: String,
+        val timestampMs: Long,
+        val priority: Priority,
+        /** Completed true once the core recorded the event, false when it was refused. */
+        val done: CompletableFuture<Boolean>? = null,
+    ) : Item()
+
+    /** Runs on the hand-off thread after every event offered before it; `core` is null when the open failed. */
+    class Control(val action: (EventSpool?) -> Unit) : Item() {
+        val done = CompletableFuture<Unit>()
+    }
+
+    private object Stop : Item()
+
+    private val queue = LinkedBlockingQueue<Item>()
+    private val room = Semaphore(capacity)
+    private val waiting = AtomicLong()
     private val handed = AtomicLong()
     private val waits = AtomicLong()
     private val batches = AtomicLong()
-    private val rejected = ConcurrentHashMap<String, AtomicLong>()
-    private val monitor = Object()
+    private val notDurable = AtomicLong()
     private val sendLock = Object()
+    @Volatile private var core: EventSpool? = null
+    @Volatile private var opened = false
     @Volatile private var closed = false
+    @Volatile private var finished = false
     private val thread = Thread(::run, "eventspool-handoff").apply {
         isDaemon = true
         start()
     }
 
-    fun offer(p: Pending) {
-        reserved.incrementAndGet()
-        if (!queue.offer(p)) {
-            waits.incrementAndGet()
-            queue.put(p)
-        }
-        // Lost the race with close(): the thread may be gone, so hand this one over here.
-        if (closed) drainHere()
-    }
-
-    /** Waits until every record offered before this call reached the core (or was rejected, counted). */
-    fun awaitHandedOff(timeoutMs: Long): Boolean {
-        val target = reserved.get()
-        val deadline = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(timeoutMs)
-        synchronized(monitor) {
-            while (handed.get() < target) {
-                val left = TimeUnit.NANOSECONDS.toMillis(deadline - System.nanoTime())
-                if (left <= 0) return false
-                monitor.wait(left)
+    /** Takes the event, or counts it as `handoff_full` and returns false (never waits, unless [mayWait]). */
+    fun offer(p: Pending): Boolean {
+        if (!room.tryAcquire()) {
+            if (!mayWait()) {
+                refused.count("handoff_full") { "the hand-off holds $capacity events already" }
+                p.done?.complete(false)
+                return false
             }
+            waits.incrementAndGet()
+            room.acquireUninterruptibly()
         }
+        waiting.incrementAndGet()
+        queue.add(p)
+        // Lost the race with close(): the thread may be gone, so hand this one over here.
+        if (finished) drainHere()
         return true
     }
 
-    /** Stops the thread after it handed over what is queued; later records are handed by their callers. */
+    /** Queues [action] behind every event offered so far; its future completes once it ran. */
+    fun control(action: (EventSpool?) -> Unit): CompletableFuture<Unit> {
+        val item = Control(action)
+        queue.add(item)
+        if (finished) drainHere()
+        return item.done
+    }
+
+    /** Waits until every event offered before this call reached the core (or was refused, counted). */
+    fun awaitHandedOff(timeoutMs: Long): Boolean =
+        runCatching { control {}.get(timeoutMs.coerceAtLeast(0), TimeUnit.MILLISECONDS) }.isSuccess
+
+    /** Whether the open has finished (successfully or not). */
+    val isOpened: Boolean get() = opened
+
+    /** Stops the thread after it handed over what is queued; later items are handled by their callers. */
     fun close(timeoutMs: Long) {
         closed = true
+        queue.add(Stop)
         thread.join(timeoutMs.coerceAtLeast(1))
         drainHere()
     }
 
     fun stats() = HandoffStats(
-        queued = queue.size.toLong(),
+        queued = waiting.get(),
         handedOff = handed.get(),
         batches = batches.get(),
         waits = waits.get(),
-        rejected = rejected.mapValues { it.value.get() },
+        rejected = rejected.snapshot(),
+        refused = refused.snapshot(),
+        notDurable = notDurable.get(),
     )
 
     private fun run() {
-        val batch = ArrayList<Pending>(maxBatch)
-        // Bounded by `closed`: the poll wakes at least every 100 ms to look at it.
-        while (true) {
-            val first = try {
-                queue.poll(100, TimeUnit.MILLISECONDS)
-            } catch (e: InterruptedException) {
-                null
+        try {
+            core = runCatching(open).getOrNull()
+            opened = true
+            val batch = ArrayList<Pending>(maxBatch)
+            while (true) {
+                val item = try {
+                    queue.take()
+                } catch (e: InterruptedException) {
+                    continue
+                }
+                if (item === Stop) return
+                handle(item, batch)
             }
-            if (first == null) {
-                if (closed && queue.isEmpty()) return
-                continue
+        } finally {
+            opened = true
+            finished = true
+        }
+    }
+
+    /** One item, and for an event every event right behind it (up to [maxBatch]) in the same call. */
+    private fun handle(item: Item, batch: ArrayList<Pending>) {
+        when (item) {
+            is Control -> synchronized(sendLock) {
+                try {
+                    item.action(core)
+                    item.done.complete(Unit)
+                } catch (e: Throwable) {
+                    item.done.completeExceptionally(e)
+                }
             }
-            batch.add(first)
-            queue.drainTo(batch, maxBatch - 1)
-            send(batch)
-            batch.clear()
+            is Pending -> {
+                batch.add(item)
+                while (batch.size < maxBatch) {
+                    val next = queue.peek() as? Pending ?: break
+                    if (queue.poll() !== next) break
+                    batch.add(next)
+                }
+                waiting.addAndGet(-batch.size.toLong())
+                send(batch)
+                batch.clear()
+            }
+            Stop -> {}
         }
     }
 
     private fun drainHere() {
         val batch = ArrayList<Pending>()
-        while (queue.drainTo(batch, maxBatch) > 0) {
-            send(batch)
-            batch.clear()
+        while (true) {
+            val item = queue.poll() ?: return
+            if (item !== Stop) handle(item, batch)
         }
     }
 
     private fun send(batch: List<Pending>) {
         synchronized(sendLock) {
             try {
-                val lines = StringBuilder(batch.size * 320)
-                for (p in batch) lines.append(line(p)).append('\n')
-                core.trackBatch(lines.toString())
+                val core = core
+                if (core == null) {
+                    val (reason, why) = unavailable()
+                    rejected.count(reason, batch.size.toLong()) { why }
+                    batch.forEach { it.done?.complete(false) }
+                } else {
+                    record(core, batch)
+                }
             } catch (e: Throwable) {
-                // All or none refused: record them one by one so one bad event costs only itself.
-                for (p in batch) one(p)
+                // Nothing the FFI reports escapes as an exception; this is a bug, counted all the same.
+                rejected.count("internal", batch.size.toLong()) { e.toString() }
+                batch.forEach { it.done?.complete(false) }
+            } finally {
+                batches.incrementAndGet()
+                handed.addAndGet(batch.size.toLong())
+                room.release(batch.size)
             }
-            batches.incrementAndGet()
-            handed.addAndGet(batch.size.toLong())
-        }
-        synchronized(monitor) { monitor.notifyAll() }
-    }
-
-    private fun one(p: Pending) {
-        try {
-            core.trackEvent(NewEvent(name = p.name, propertiesJson = p.properties.toString(), eventId = p.id, timestamp = timestamp(p.timestampMs)))
-        } catch (e: Throwable) {
-            val reason = when (e) {
-                is SpoolException.EventTooLarge -> "event_too_large"
-                is SpoolException.InvalidEvent -> "invalid_event"
-                is SpoolException.TrackingDisabled -> "tracking_disabled"
-                is SpoolException.ShutDown -> "shut_down"
-                is SpoolException.Storage -> "storage"
-                is SpoolException.NotDurable -> return // kept in memory and delivered: not a loss
-                else -> "internal"
-            }
-            rejected.computeIfAbsent(reason) { AtomicLong() }.incrementAndGet()
-            runCatching { onRejected(HandoffRejected(p.id, reason, e as? SpoolException)) }
         }
     }
 
-    private fun line(p: Pending): String = JsonObject(
-        mapOf(
-            "name" to JsonPrimitive(p.name),
-            "properties" to p.properties,
-            "event_id" to JsonPrimitive(p.id),
-            "timestamp" to JsonPrimitive(timestamp(p.timestampMs)),
-        ),
-    ).toString()
+    private fun record(core: EventSpool, batch: List<Pending>) {
+        val lines = StringBuilder(batch.size * 320)
+        for (p in batch) lines.append(line(p)).append('\n')
+        val report = core.trackBatchReport(lines.toString())
+        report.notDurable?.let { reason ->
+            val n = report.recorded.toLong()
+            val after = notDurable.addAndGet(n)
+            if (after - n == 0L || (after - n) / 1_000 != after / 1_000) {
+                runCatching { logger.log(SpoolLogger.Level.WARN, "eventspool: $after event(s) recorded in memory only, the store refused them: $reason", null) }
+            }
+        }
+        val all = report.refusedAll
+        if (all != null) {
+            // The spool's own state (consent denied, disabled, shut down): one step for the batch.
+            rejected.count(all.reason, batch.size.toLong()) { all.message }
+            batch.forEach { it.done?.complete(false) }
+            return
+        }
+        val refusedAt = HashSet<Int>()
+        for (r in report.refused) {
+            val index = r.line.toInt() - 1
+            val p = batch.getOrNull(index) ?: continue
+            refusedAt += index
+            rejected.count(r.refusal.reason) { r.refusal.message }
+            p.done?.complete(false)
+            runCatching { onRejected(HandoffRejected(p.id, r.refusal.reason, r.refusal.message)) }
+        }
+        batch.forEachIndexed { i, p -> if (i !in refusedAt) p.done?.complete(true) }
+    }
 
-    private fun timestamp(ms: Long) = Instant.ofEpochMilli(ms).toString()
+    private fun line(p: Pending): String {
+        val fields = LinkedHashMap<String, kotlinx.serialization.json.JsonElement>(6)
+        fields["name"] = JsonPrimitive(p.name)
+        fields["properties"] = p.properties
+        fields["event_id"] = JsonPrimitive(p.id)
+        fields["timestamp"] = JsonPrimitive(Instant.ofEpochMilli(p.timestampMs).toString())
+        if (p.priority == Priority.CRITICAL) fields["priority"] = JsonPrimitive("critical")
+        return JsonObject(fields).toString()
+    }
 }
 
-/** What the hand-off did: [waits] counts `track()` calls that waited for room (back-pressure). */
+/**
+ * What the hand-off did. [refused] counts `track()` calls that recorded nothing, by reason, and
+ * [rejected] the events the core refused after `track()` had returned; each reason is logged at
+ * its first event and then at most once a minute.
+ */
 data class HandoffStats(
+    /** Events waiting for the hand-off thread now. */
     val queued: Long,
     val handedOff: Long,
     val batches: Long,
+    /** `track()` calls that waited for room (only on a thread the spool's `mayWait` allows). */
     val waits: Long,
-    /** Events the core refused after `track()` had returned, by reason; each went to `onRejected`. */
+    /** After the hand-off: `event_too_large`, `invalid_event`, `consent_denied`, `spool_failed`... */
     val rejected: Map<String, Long>,
+    /** At the call: `tracking_disabled`, `consent_denied`, `invalid_event`, `invalid_property`, `handoff_full`, `shut_down`... */
+    val refused: Map<String, Long> = emptyMap(),
+    /** Recorded in memory only: the store refused them (they are still delivered). */
+    val notDurable: Long = 0,
 )

@@ -24,7 +24,9 @@ import uniffi.eventspool.TransportResponse
  * comes back to the SDK, which classifies it), no silent retry on a failed connection (the SDK
  * counts every attempt and spaces them), and each call's timeout is the one the SDK gives
  * (`attempt_timeout_ms`), not OkHttp's defaults. Every "no answer" becomes a typed
- * [HttpTransportException]: Connect / Timeout / Tls / Io.
+ * [HttpTransportException]: Connect / Timeout / Tls / Io. The answer is read as the core's own
+ * transport reads it: at most the request's `maxResponseBytes` plus one byte (which tells the
+ * SDK the answer was cut), so a collector that answers without end cannot fill the app's memory.
  */
 class OkHttpTransport(base: OkHttpClient = OkHttpClient()) : HttpTransport {
     private val client: OkHttpClient = base.newBuilder()
@@ -52,7 +54,7 @@ class OkHttpTransport(base: OkHttpClient = OkHttpClient()) : HttpTransport {
                 return TransportResponse(
                     status = response.code.toUShort(),
                     headers = response.headers.toMultimap().mapValues { it.value.joinToString(", ") },
-                    body = response.body.bytes(),
+                    body = bounded(response.body.source(), request.maxResponseBytes.toLong()),
                 )
             }
         } catch (e: SocketTimeoutException) {
@@ -71,6 +73,13 @@ class OkHttpTransport(base: OkHttpClient = OkHttpClient()) : HttpTransport {
         } catch (e: IllegalArgumentException) {
             throw HttpTransportException.Io("bad request for OkHttp: ${e.message}")
         }
+    }
+
+    private fun bounded(source: okio.BufferedSource, bound: Long): ByteArray {
+        if (bound <= 0) return source.readByteArray()
+        // request() reads until that many bytes are buffered or the body ends: never more than bound + 1 in memory.
+        source.request(bound + 1)
+        return source.buffer.readByteArray(minOf(source.buffer.size, bound + 1))
     }
 
     private companion object {

@@ -20,14 +20,31 @@ internal object CoreBridge {
      * does next. A request in flight when the drain's own budget ends is waited for (its answer
      * decides whether its events go again), up to [attemptTimeoutMs]: the drain gets the platform
      * budget minus that, so the job ends inside what the OS granted.
+     *
+     * The drain runs in slices of [DeliveryJob.SLICE_MS], and a retry due inside the budget is
+     * waited for on [stop]: `onStopJob` ends the job within a slice (the worker keeps the events
+     * and goes on by itself while the process lives).
      */
-    fun drain(spool: Spool, budgetMs: Long, attemptTimeoutMs: Long): JobNext =
-        when (val outcome = spool.deliverWithinBlocking((budgetMs - attemptTimeoutMs).coerceAtLeast(0))) {
-            is DrainOutcome.Drained -> JobNext.Done
-            is DrainOutcome.DeadlineReached -> JobNext.Again(DeliveryJob.AGAIN_SOON_MS)
-            is DrainOutcome.RetryAfter -> JobNext.Again(outcome.ms.toLong())
-            is DrainOutcome.Blocked -> JobNext.Blocked(outcome.status)
+    fun drain(spool: Spool, budgetMs: Long, attemptTimeoutMs: Long, stop: JobStop): JobNext {
+        val deadline = System.nanoTime() / 1_000_000 + (budgetMs - attemptTimeoutMs).coerceAtLeast(0)
+        while (true) {
+            if (stop.stopped) return JobNext.Stopped
+            val left = deadline - System.nanoTime() / 1_000_000
+            val slice = left.coerceIn(0, DeliveryJob.SLICE_MS)
+            when (val outcome = spool.deliverWithinBlocking(slice)) {
+                is DrainOutcome.Drained -> return JobNext.Done
+                is DrainOutcome.Blocked -> return JobNext.Blocked(outcome.status)
+                is DrainOutcome.DeadlineReached -> if (left <= DeliveryJob.SLICE_MS) return JobNext.Again(DeliveryJob.AGAIN_SOON_MS)
+                is DrainOutcome.RetryAfter -> {
+                    val ms = outcome.ms.toLong()
+                    // Past this job's budget: the successor waits for it.
+                    if (ms >= left) return JobNext.Again(ms)
+                    // Inside the budget: the worker retries on its own timer; wait for it, or for a stop.
+                    if (stop.sleep(ms)) return JobNext.Stopped
+                }
+            }
         }
+    }
 
     /** Hands the device's conditions to the core, whose `deliver_on_*` policy decides (state `Deferred(reason)`). */
     fun applyConditions(spool: Spool, conditions: DeviceConditions) {

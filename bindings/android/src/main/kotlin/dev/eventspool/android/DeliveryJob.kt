@@ -6,6 +6,10 @@ import android.app.job.JobScheduler
 import android.app.job.JobService
 import android.content.ComponentName
 import android.content.Context
+import android.os.Build
+import dev.eventspool.Spool
+import java.util.concurrent.CountDownLatch
+import java.util.concurrent.TimeUnit
 import uniffi.eventspool.DeliveryStatus
 
 /** What a delivery job does after its drain. */
@@ -20,20 +24,47 @@ sealed class JobNext {
      * the job from the installation's callbacks; a paused or disabled spool waits for the app.
      */
     data class Blocked(val status: DeliveryStatus) : JobNext()
+    /** The platform stopped the job (`onStopJob`): it reschedules the job itself. */
+    object Stopped : JobNext()
+}
+
+/** Set by `onStopJob`; the drain looks at it between slices and while it waits for a retry. */
+class JobStop {
+    private val latch = CountDownLatch(1)
+    val stopped: Boolean get() = latch.count == 0L
+
+    fun stop() = latch.countDown()
+
+    /** Sleeps up to [ms]; true when the stop came first. */
+    fun sleep(ms: Long): Boolean = latch.await(ms.coerceAtLeast(0), TimeUnit.MILLISECONDS)
+
+    companion object {
+        val NEVER = JobStop()
+    }
 }
 
 /**
- * Background delivery through JobScheduler: one job id, a network constraint (the OS starts it
- * only with a network), persisted across reboots. The job drains within [BUDGET_MS] (well under
- * the OS's limit, which stops a job after about 10 minutes) and schedules its successor from
- * what the drain returned.
+ * Background delivery through JobScheduler: a network constraint (the OS starts it only with a
+ * network; an unmetered one under `deliverOnMetered = false`, a battery that is not low under
+ * `deliverOnBatteryLow = false`), persisted across reboots. The job drains within [budgetMs]
+ * (well under the OS's limit, which stops a job after about 10 minutes) in slices, so that
+ * `onStopJob` ends it within a slice, and schedules its successor from what the drain returned.
+ *
+ * Two job ids, because scheduling the id of a running job makes the platform stop that job: a
+ * running job's successor takes the other id, and a drain asked for while a job runs (a network
+ * that came back, a condition that cleared, the app going to the background) is left to the
+ * running job, which schedules a successor at once when it ends with events pending.
  */
 object DeliveryJob {
     const val JOB_ID = 0x45565350 // "EVSP"
+    /** The id of a running [JOB_ID] job's successor (and the reverse). */
+    const val SUCCESSOR_JOB_ID = JOB_ID + 1
     /** How long one job drains at most. */
     @JvmField var budgetMs: Long = 60_000
     /** The delay of the job after a budget that ran out with events pending. */
     const val AGAIN_SOON_MS = 1_000L
+    /** The drain looks for a stop at least this often (plus the answer of a request in flight). */
+    const val SLICE_MS = 1_000L
     /** False: no job is scheduled at all (an app that drains from its own code and needs no restarts). */
     @JvmField @Volatile var enabled: Boolean = true
 
@@ -44,6 +75,13 @@ object DeliveryJob {
      */
     @JvmField @Volatile var scheduler: ((context: Context, delayMs: Long) -> Unit)? = null
 
+    /** The job this process runs now, if any: what is scheduled meanwhile must not take its id. */
+    private class Running(val id: Int) {
+        @Volatile var drainWanted = false
+    }
+
+    @Volatile private var running: Running? = null
+
     /**
      * The bounded drain alone, for an app's own worker: what to do next, nothing scheduled.
      * [budgetMs] is the platform's budget; the core's drain gets it minus [attemptTimeoutMs]
@@ -52,53 +90,102 @@ object DeliveryJob {
     @JvmStatic
     @JvmOverloads
     fun drain(
-        spool: dev.eventspool.Spool,
+        spool: Spool,
         budgetMs: Long = this.budgetMs,
         attemptTimeoutMs: Long = EventSpoolAndroid.installationOrNull()?.attemptTimeoutMs ?: CoreBridge.DEFAULT_ATTEMPT_TIMEOUT_MS,
-    ): JobNext = CoreBridge.drain(spool, budgetMs, attemptTimeoutMs)
+        stop: JobStop = JobStop.NEVER,
+    ): JobNext = CoreBridge.drain(spool, budgetMs, attemptTimeoutMs, stop)
 
+    /**
+     * Asks for a drain in [delayMs]. While a job runs in this process the running job takes the
+     * request (scheduling its id would stop it); otherwise the job is scheduled, under the
+     * installed config's constraints.
+     */
     @JvmStatic
     fun schedule(context: Context, delayMs: Long) {
         if (!enabled) return
+        running?.let {
+            it.drainWanted = true
+            return
+        }
+        submit(context, JOB_ID, delayMs)
+    }
+
+    private fun submit(context: Context, id: Int, delayMs: Long) {
         scheduler?.let { return it(context, delayMs.coerceAtLeast(0)) }
-        val info = JobInfo.Builder(JOB_ID, ComponentName(context, DeliveryJobService::class.java))
-            .setRequiredNetworkType(JobInfo.NETWORK_TYPE_ANY)
+        val config = EventSpoolAndroid.installationOrNull()?.config
+        val info = JobInfo.Builder(id, ComponentName(context, DeliveryJobService::class.java))
+            .setRequiredNetworkType(if (config?.deliverOnMetered == false) JobInfo.NETWORK_TYPE_UNMETERED else JobInfo.NETWORK_TYPE_ANY)
             .setMinimumLatency(delayMs.coerceAtLeast(0))
             .setPersisted(true)
+            .apply {
+                // deliverOnLowPower has no job constraint: the core defers while power saving lasts.
+                if (config?.deliverOnBatteryLow == false && Build.VERSION.SDK_INT >= Build.VERSION_CODES.O) setRequiresBatteryNotLow(true)
+            }
             .build()
-        context.getSystemService(JobScheduler::class.java).schedule(info)
+        runCatching {
+            val jobs = context.getSystemService(JobScheduler::class.java)
+            jobs.schedule(info)
+            // One pending drain at a time: the other id's job, if pending, would only find less to do.
+            val other = if (id == JOB_ID) SUCCESSOR_JOB_ID else JOB_ID
+            if (running?.id != other) jobs.cancel(other)
+        }.onFailure { EventSpoolAndroid.log("eventspool: the delivery job could not be scheduled: $it", it) }
     }
 
     /** One job's work: drain, then schedule the next job when a timer is what it waits for. */
     @JvmStatic
-    fun run(context: Context, budgetMs: Long = this.budgetMs): JobNext {
-        val next = drain(EventSpoolAndroid.spool, budgetMs)
-        when (next) {
-            is JobNext.Done -> {}
-            is JobNext.Again -> schedule(context, next.delayMs)
-            // No job: the network constraint would start one on any network, unvalidated ones
-            // too, and it would end Blocked again, a loop. The installation's callbacks schedule
-            // the job when the network is validated or the conditions allow delivery.
-            is JobNext.Blocked -> {}
+    @JvmOverloads
+    fun run(context: Context, budgetMs: Long = this.budgetMs, stop: JobStop = JobStop.NEVER): JobNext =
+        runAs(context, null, budgetMs, stop, EventSpoolAndroid.spool)
+
+    internal fun runAs(context: Context, jobId: Int?, budgetMs: Long, stop: JobStop, spool: Spool): JobNext {
+        val me = Running(jobId ?: -1)
+        if (jobId != null) running = me
+        try {
+            val next = drain(spool, budgetMs, stop = stop)
+            val successor = if (jobId == JOB_ID) SUCCESSOR_JOB_ID else JOB_ID
+            when (next) {
+                is JobNext.Done -> {}
+                is JobNext.Again -> submit(context, successor, if (me.drainWanted) 0 else next.delayMs)
+                // No job: the network constraint would start one on any network, unvalidated ones
+                // too, and it would end Blocked again, a loop. The installation's callbacks schedule
+                // the job when the network is validated or the conditions allow delivery; one that
+                // came while this job ran is honoured now.
+                is JobNext.Blocked -> if (me.drainWanted && spool.state().pending > 0uL) submit(context, successor, 0)
+                // The platform reschedules a stopped job itself (onStopJob returned true).
+                is JobNext.Stopped -> {}
+            }
+            return next
+        } finally {
+            if (running === me) running = null
         }
-        return next
     }
 }
 
 /** Declared in the library's AndroidManifest.xml (BIND_JOB_SERVICE). */
 class DeliveryJobService : JobService() {
-    @Volatile private var worker: Thread? = null
+    @Volatile private var stop: JobStop? = null
 
     override fun onStartJob(params: JobParameters?): Boolean {
-        // The process may be new (the app was killed): Application.onCreate ran install() first.
-        if (EventSpoolAndroid.installationOrNull() == null) return false
-        worker = Thread({
-            runCatching { DeliveryJob.run(applicationContext) }
-            jobFinished(params, false)
-        }, "eventspool-job").apply { start() }
+        val stop = JobStop().also { this.stop = it }
+        // The process may be new (the app was killed) and the app may install only later: the
+        // job opens the spool itself from the app's EventSpoolAndroid.ConfigProvider.
+        val spool = EventSpoolAndroid.spoolOrNull() ?: EventSpoolAndroid.installFromProvider(application) ?: return false
+        Thread({
+            try {
+                runCatching { DeliveryJob.runAs(applicationContext, params?.jobId ?: DeliveryJob.JOB_ID, DeliveryJob.budgetMs, stop, spool) }
+                    .onFailure { EventSpoolAndroid.log("eventspool: the delivery job failed: $it", it) }
+            } finally {
+                // After onStopJob the platform has let go of the job: nothing to finish.
+                if (!stop.stopped) runCatching { jobFinished(params, false) }
+            }
+        }, "eventspool-job").apply { isDaemon = true }.start()
         return true
     }
 
-    /** The OS ends the job early (network lost, budget over): the spool keeps every event; run again later. */
-    override fun onStopJob(params: JobParameters?): Boolean = true
+    /** The OS ends the job early (constraints lost, budget over): the drain stops within a slice; every event stays, and the job runs again. */
+    override fun onStopJob(params: JobParameters?): Boolean {
+        stop?.stop()
+        return true
+    }
 }

@@ -119,6 +119,8 @@ class AndroidIntegrationTest {
 
     private fun background(controller: ActivityController<Activity>) {
         controller.pause().stop()
+        // Past the debounce that tells a trip to the background from a configuration change.
+        shadowOf(Looper.getMainLooper()).idleFor(java.time.Duration.ofMillis(Installation.BACKGROUND_DEBOUNCE_MS))
         assertTrue(EventSpoolAndroid.installation()!!.awaitBackgroundWork(10_000))
     }
 
@@ -126,10 +128,12 @@ class AndroidIntegrationTest {
 
     @Test
     fun `going to the background persists and schedules the network-constrained job`() {
-        val spool = EventSpoolAndroid.install(app, config())
+        // durability = spill: the events wait in memory until the background persists them
+        // (the layer's default, always, has them on disk already).
+        val spool = EventSpoolAndroid.install(app, config().apply { durability = "spill" })
         val activity = foreground()
         repeat(30) { spool.track("screen", mapOf("i" to it)) }
-        assertEquals(0uL, spool.stats().pendingDisk)
+        assertEquals(0uL, spool.statsBlocking().pendingDisk)
         background(activity)
         assertEquals(30uL, spool.core.stats().pendingDisk)
         val job = pendingJob()!!
@@ -141,7 +145,7 @@ class AndroidIntegrationTest {
     fun `onTrimMemory UI_HIDDEN persists too`() {
         val spool = EventSpoolAndroid.install(app, config())
         repeat(12) { spool.track("screen", mapOf("i" to it)) }
-        spool.stats()
+        spool.statsBlocking()
         app.onTrimMemory(ComponentCallbacks2.TRIM_MEMORY_UI_HIDDEN)
         assertTrue(EventSpoolAndroid.installation()!!.awaitBackgroundWork(10_000))
         assertEquals(12uL, spool.core.stats().pendingDisk)
@@ -206,7 +210,7 @@ class AndroidIntegrationTest {
         repeat(10) { spool.track("job", mapOf("i" to it)) }
         // Every event reaches the core before the network does, so the first request carries
         // all ten: tracked after it, the layer's hand-off could split them over two requests.
-        assertEquals(10uL, spool.stats().pendingMemory + spool.stats().pendingDisk)
+        assertEquals(10uL, spool.statsBlocking().pendingMemory + spool.statsBlocking().pendingDisk)
         network(validated = true)
         val next = DeliveryJob.run(app, budgetMs = 800)
         assertTrue("$next", next is JobNext.Again)
@@ -322,6 +326,7 @@ class AndroidIntegrationTest {
         collector = CollectorProcess(tmp.root.toPath().resolve("collector-story.db"), script = List(6) { "pass" } + "503:3600").start()
         var spool = EventSpoolAndroid.install(app, config())
         val activity = foreground()
+        assertTrue(waitUntil { spool.health.value == dev.eventspool.SpoolHealth.Ready })
         val ids = (0 until 500).map { spool.track("story", mapOf("i" to it)) }
         spool.flushBlocking()
         assertTrue(spool.state().state is DeliveryState.Offline)

@@ -232,7 +232,9 @@ async fn route(
             record.body_bytes = length;
         }
         let message = format!("body of {length} bytes exceeds {}", limits.max_body_bytes);
-        linger(req.into_body(), pending.deadline).await;
+        // Answered now, read after: the answer goes out at once, and the body the client is
+        // still writing is taken and thrown away, so its writes find an open socket.
+        tokio::spawn(linger(req.into_body(), pending.deadline));
         return Ok(shed(
             &mut pending,
             413,
@@ -350,10 +352,11 @@ fn shed(
 /// Most bytes of a refused body read and thrown away before its 413 (see [`linger`]).
 const LINGER_BYTES: usize = 64 << 20;
 
-/// Reads and discards a body the collector has already refused, up to [`LINGER_BYTES`] or the
-/// request's deadline, as nginx's lingering close does: a client still writing its body when
-/// the connection closes sees a broken pipe, not the 413 that tells the SDK to split, and
-/// resends the same batch for ever. Past either bound the connection closes anyway.
+/// Reads and discards a body the collector has already refused and answered, up to
+/// [`LINGER_BYTES`] or the request's deadline, as nginx's lingering close does: a client still
+/// writing its body when the connection closes sees a broken pipe, not the 413 that tells the
+/// SDK to split, and resends the same batch for ever. Past either bound the connection closes
+/// anyway.
 async fn linger(mut body: Incoming, deadline: tokio::time::Instant) {
     let mut read = 0usize;
     while read < LINGER_BYTES {

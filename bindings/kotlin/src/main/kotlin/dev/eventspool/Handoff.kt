@@ -263,9 +263,9 @@ data class HandoffStats(
     val batches: Long,
     /** `track()` calls that waited for room (only on a thread the spool's `mayWait` allows). */
     val waits: Long,
-    /** After the hand-off: `event_too_large`, `invalid_event`, `consent_denied`, `spool_failed`... */
+    /** After the hand-off: `event_too_large`, `invalid_event`, `consent_denied`, `spool_failed`, `inactive_process`... */
     val rejected: Map<String, Long>,
-    /** At the call: `tracking_disabled`, `consent_denied`, `invalid_event`, `invalid_property`, `handoff_full`, `shut_down`... */
+    /** At the call: `tracking_disabled`, `consent_denied`, `invalid_event`, `invalid_property`, `handoff_full`, `shut_down`, `spool_failed` (the open failed), `inactive_process` (a process that does not track)... */
     val refused: Map<String, Long> = emptyMap(),
     /** Recorded in memory only: the store refused them (they are still delivered). */
     val notDurable: Long = 0,

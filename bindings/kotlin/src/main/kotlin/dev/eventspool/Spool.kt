@@ -427,17 +427,6 @@ class Spool private constructor(
         internal fun withLayerDefaults(config: SpoolConfig): SpoolConfig =
             if (config.durability == null && config.dbPath != null) config.copy(durability = "always") else config
 
-        /** The counters' reason for a refusal at the call. */
-        internal fun reasonOf(e: Throwable): String = when (e) {
-            is SpoolException.ShutDown -> "shut_down"
-            is SpoolException.TrackingDisabled -> "tracking_disabled"
-            is SpoolException.ConsentDenied -> "consent_denied"
-            is SpoolException.InvalidEvent -> "invalid_event"
-            is PropertyException -> "invalid_property"
-            is SpoolUnavailable -> "spool_failed"
-            else -> "internal"
-        }
-
         internal fun describe(e: Throwable): String = when (e) {
             is SpoolUnavailable -> e.reason
             is SpoolException -> "${e::class.simpleName}: ${e.message}"

@@ -47,7 +47,7 @@ class InstallTest : AndroidTestBase() {
             val health = settled()
             assertTrue("$health", health is SpoolHealth.Inactive)
             assertEquals(null, EventSpoolAndroid.spool.track("from_leakcanary"))
-            assertEquals(mapOf("spool_failed" to 1L), EventSpoolAndroid.spool.handoffStats().refused)
+            assertEquals(mapOf("inactive_process" to 1L), EventSpoolAndroid.spool.handoffStats().refused)
             assertTrue("an inactive process registers no network callback", shadowOf(connectivity).networkCallbacks.isEmpty())
         } finally {
             main.close()

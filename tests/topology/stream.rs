@@ -75,13 +75,25 @@ fn read_all_raw(url: &str, stream: &str) -> Contents {
             .await
             .expect("connect to read the stream");
         let context = jetstream::new(client);
-        let mut handle = context.get_stream(stream).await.expect("stream exists");
-        let messages = handle.info().await.expect("stream info").state.messages;
-        let consumer = handle
-            .create_consumer(OrderedConfig::default())
-            .await
-            .expect("ordered consumer");
-        let mut reading = consumer.messages().await.expect("consume");
+        // A cluster that has just lost and re-elected a stream leader can time out the API
+        // requests below for a few seconds; each is asked again a bounded number of times.
+        let mut last_error = String::new();
+        let mut opened = None;
+        for _ in 0..API_ATTEMPTS {
+            match open_ordered(&context, stream).await {
+                Ok(ready) => {
+                    opened = Some(ready);
+                    break;
+                }
+                Err(e) => {
+                    last_error = e;
+                    tokio::time::sleep(API_PAUSE).await;
+                }
+            }
+        }
+        let (messages, mut reading) = opened.unwrap_or_else(|| {
+            panic!("ordered consumer of {stream}: {API_ATTEMPTS} attempts, last: {last_error}")
+        });
         let mut contents = Contents {
             messages,
             copies: BTreeMap::new(),
@@ -111,4 +123,34 @@ fn read_all_raw(url: &str, stream: &str) -> Contents {
         }
         contents
     })
+}
+
+/// How often, and how far apart, the reader asks the cluster again for the stream and its consumer.
+const API_ATTEMPTS: u32 = 10;
+const API_PAUSE: Duration = Duration::from_millis(1_000);
+
+/// The stream's message count and an ordered consumer's messages, from the first sequence.
+async fn open_ordered(
+    context: &jetstream::Context,
+    stream: &str,
+) -> Result<(u64, jetstream::consumer::pull::Ordered), String> {
+    let mut handle = context
+        .get_stream(stream)
+        .await
+        .map_err(|e| format!("stream: {e}"))?;
+    let messages = handle
+        .info()
+        .await
+        .map_err(|e| format!("stream info: {e}"))?
+        .state
+        .messages;
+    let consumer = handle
+        .create_consumer(OrderedConfig::default())
+        .await
+        .map_err(|e| format!("ordered consumer: {e}"))?;
+    let reading = consumer
+        .messages()
+        .await
+        .map_err(|e| format!("consume: {e}"))?;
+    Ok((messages, reading))
 }

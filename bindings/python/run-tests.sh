@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# The Python suite as CI runs it (.ci/run): builds the eventspool wheel from this repository the
+# The Python suite as CI runs it (.ci/run): builds the eventspool sdist, then from it the wheel the
 # way it is published (manylinux_2_17, stripped: maturin with zig from PyPI as the linker, so the
-# library needs no glibc newer than 2.17), checks its tag and symbols (check_wheel.py), checks
-# that the sdist builds a wheel too, then installs the wheel with pytest into a fresh virtualenv
-# and runs tests/ against the installed package.
+# library needs no glibc newer than 2.17), checks its tag and symbols (check_wheel.py), then
+# installs the wheel with pytest into a fresh virtualenv and runs tests/ against the installed
+# package.
 #
 #   bash bindings/python/run-tests.sh [pytest arguments]
 #
 # Needs the collector process the tests start: `cargo build --workspace --all-features --example
 # collector_process` (or EVENTSPOOL_COLLECTOR=<path>). Leaves the wheel and the sdist in
-# target/python/wheels/. Both builds use the dev profile (a release build only costs CI time; the
+# target/python/wheels/. The build uses the dev profile (a release build only costs CI time; the
 # tag, the symbols and the stripping are the same).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -32,23 +32,13 @@ if [[ ! -x "$out/build-venv/bin/maturin" || ! -x "$out/build-venv/bin/python-zig
 fi
 printf 'build tools (maturin, ziglang) in %ds\n' $((SECONDS - start)) >&2
 
-# The wheel: maturin builds the FFI crate alone (`cargo rustc --manifest-path
-# bindings/ffi/Cargo.toml`, its dependencies compile once more beside the workspace build), and
-# generates the module with the generator bindings/generate.sh built (build_support/uniffi-bindgen).
-start=$SECONDS
-(
-    cd bindings/python
-    PATH="$root/bindings/python/build_support:$root/$out/build-venv/bin:$PATH" \
-        "$root/$out/build-venv/bin/maturin" build --quiet --profile dev \
-        --zig --compatibility manylinux_2_17 --out "$root/$out/wheels" >&2
-)
-wheel=("$out"/wheels/eventspool-*.whl)
-# Stripped once the generator has read the library (strip_wheel.py says why not maturin's --strip).
-python3 bindings/python/strip_wheel.py "${wheel[0]}"
-printf 'built %s (%d bytes) in %ds\n' "${wheel[0]}" "$(stat -c %s "${wheel[0]}")" $((SECONDS - start)) >&2
-python3 bindings/python/check_wheel.py "${wheel[0]}" --glibc 2.17
-
-# The sdist, and a wheel built from nothing but it (what pip does on a platform without a wheel).
+# The sdist, then the wheel pip builds from nothing but it (what pip does on a platform without
+# a wheel): maturin with zig as the C compiler and linker (`--zig`, manylinux_2_17), dev profile.
+# The wheel the tests install is that one, so one build checks both that the sdist builds and the
+# wheel as published. maturin builds the FFI crate alone (`cargo rustc --manifest-path
+# bindings/ffi/Cargo.toml` in the unpacked sdist, its dependencies compiled once more beside the
+# workspace build, for the zig target) and generates the module with the crate's own generator
+# (build_support/uniffi-bindgen, which bindings/generate.sh built).
 start=$SECONDS
 (
     cd bindings/python
@@ -56,11 +46,15 @@ start=$SECONDS
         "$root/$out/build-venv/bin/maturin" sdist --out "$root/$out/wheels" >&2
 )
 sdist=("$out"/wheels/eventspool-*.tar.gz)
-# The same target dir, so the dependencies built above are reused; dev profile, no zig.
-PATH="$root/$out/build-venv/bin:$PATH" CARGO_TARGET_DIR="$root/target" MATURIN_PEP517_ARGS="--profile dev" \
-    "$out/build-venv/bin/pip" wheel --quiet --no-deps --no-build-isolation "${sdist[0]}" -w "$out/sdist-wheel"
-sdist_wheel=("$out"/sdist-wheel/eventspool-*.whl)
-printf 'sdist %s (%d bytes) builds %s in %ds\n' "${sdist[0]}" "$(stat -c %s "${sdist[0]}")" "$(basename "${sdist_wheel[0]}")" $((SECONDS - start)) >&2
+PATH="$root/$out/build-venv/bin:$PATH" CARGO_TARGET_DIR="$root/target" \
+    MATURIN_PEP517_ARGS="--profile dev --zig --compatibility manylinux_2_17" \
+    "$out/build-venv/bin/pip" wheel --quiet --no-deps --no-build-isolation "${sdist[0]}" -w "$out/wheels"
+wheel=("$out"/wheels/eventspool-*.whl)
+# Stripped once the generator has read the library (strip_wheel.py says why not maturin's --strip).
+python3 bindings/python/strip_wheel.py "${wheel[0]}"
+printf 'sdist %s (%d bytes) built %s (%d bytes) in %ds\n' "${sdist[0]}" "$(stat -c %s "${sdist[0]}")" \
+    "$(basename "${wheel[0]}")" "$(stat -c %s "${wheel[0]}")" $((SECONDS - start)) >&2
+python3 bindings/python/check_wheel.py "${wheel[0]}" --glibc 2.17
 
 start=$SECONDS
 python3 -m venv "$out/venv"

@@ -4,12 +4,31 @@
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-/// A port that was free a moment ago (the OS picks it; the server binds it right after).
+/// Where `free_port` looks: below Linux's ephemeral range (32768 and up by default), from which
+/// every outgoing connection and every port-0 listener takes its port. A port the OS handed out
+/// for a probe could be taken by one of the suite's hundreds of client connections between the
+/// probe and the server's bind ("address already in use" for a cluster route); one from here
+/// cannot.
+const PORTS: std::ops::Range<u32> = 20_000..32_000;
+
+/// A port that was free a moment ago (the server binds it right after); never one of the OS's
+/// ephemeral ports, and never the same twice in one test process.
 pub fn free_port() -> u16 {
-    let probe = TcpListener::bind("127.0.0.1:0").expect("bind a probe port");
-    probe.local_addr().expect("probe address").port()
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let span = PORTS.end - PORTS.start;
+    // Runs of the suite side by side start at different places.
+    let offset = std::process::id() * 97;
+    for _ in 0..span {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = (PORTS.start + (offset + n) % span) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port in {PORTS:?} on 127.0.0.1");
 }
 
 /// Sends `SIG<name>` with the system's `kill`, which keeps the suite free of libc bindings.

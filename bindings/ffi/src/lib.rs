@@ -763,7 +763,8 @@ mod tests {
             .into_iter()
             .collect(),
             body: b"{}".to_vec(),
-            timeout_ms: 1_000,
+            timeout_ms: 12_000,
+            stall_timeout_ms: 1_000,
             max_response_bytes: 65_536,
         };
         let text = format!("{request:?} {request:#?}");
@@ -804,6 +805,7 @@ mod tests {
                 url: "https://x.example/b".into(),
                 headers: Vec::new(),
                 body: Vec::new(),
+                stall_timeout: std::time::Duration::from_secs(1),
                 timeout: std::time::Duration::from_secs(1),
                 max_response_bytes: bound,
             };

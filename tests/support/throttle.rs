@@ -6,8 +6,6 @@
 //! bottleneck queue holds about one round trip of data.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -27,7 +25,6 @@ pub struct Link {
 /// The proxy; it stops (and drops every connection) when dropped.
 pub struct Throttle {
     addr: SocketAddr,
-    uplink_bytes: Arc<AtomicU64>,
     runtime: Option<tokio::runtime::Runtime>,
 }
 
@@ -38,7 +35,6 @@ impl Throttle {
             .worker_threads(1)
             .enable_all()
             .build()?;
-        let uplink_bytes = Arc::new(AtomicU64::new(0));
         let listener = runtime.block_on(async {
             let socket = TcpSocket::new_v4()?;
             // Inherited by every accepted connection: the link, not the proxy, holds the bytes.
@@ -47,10 +43,8 @@ impl Throttle {
             socket.listen(16)
         })?;
         let addr = listener.local_addr()?;
-        let counter = uplink_bytes.clone();
         runtime.spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
-                let counter = counter.clone();
                 tokio::spawn(async move {
                     let Ok(server) = TcpStream::connect(upstream).await else {
                         return;
@@ -59,7 +53,7 @@ impl Throttle {
                     let _ = server.set_nodelay(true);
                     let (client_read, client_write) = client.into_split();
                     let (server_read, server_write) = server.into_split();
-                    tokio::spawn(pipe(client_read, server_write, link, Some(counter)));
+                    tokio::spawn(pipe(client_read, server_write, link));
                     tokio::spawn(pipe(
                         server_read,
                         client_write,
@@ -67,25 +61,18 @@ impl Throttle {
                             bytes_per_sec: 0,
                             latency: link.latency,
                         },
-                        None,
                     ));
                 });
             }
         });
         Ok(Throttle {
             addr,
-            uplink_bytes,
             runtime: Some(runtime),
         })
     }
 
     pub fn addr(&self) -> SocketAddr {
         self.addr
-    }
-
-    /// Bytes the link has carried towards the server so far.
-    pub fn uplink_bytes(&self) -> u64 {
-        self.uplink_bytes.load(Ordering::Relaxed)
     }
 }
 
@@ -104,7 +91,6 @@ async fn pipe(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     link: Link,
-    counter: Option<Arc<AtomicU64>>,
 ) {
     let (tx, mut rx) = mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
     let writer = tokio::spawn(async move {
@@ -127,9 +113,6 @@ async fn pipe(
             let busy = Duration::from_secs_f64(n as f64 / link.bytes_per_sec as f64);
             free_at = free_at.max(Instant::now()) + busy;
             tokio::time::sleep_until(free_at).await;
-        }
-        if let Some(counter) = &counter {
-            counter.fetch_add(n as u64, Ordering::Relaxed);
         }
         if tx
             .send((Instant::now() + link.latency, buf[..n].to_vec()))

@@ -419,7 +419,8 @@ impl EventSpool {
     /// `BGTask`: reschedule from the outcome). Blocks the calling thread: never call it on the
     /// UI thread, nor from a `DeliveryObserver` (`WrongThread`). The SDK's worker still does
     /// the sending, one request at a time; a request in flight at the deadline is answered
-    /// first (within `attempt_timeout_ms`), so leave that much of the platform's budget.
+    /// first (within `attempt_timeout_ms` of the link falling silent, at most 12 times that in
+    /// all), so leave at least `attempt_timeout_ms` of the platform's budget.
     pub fn deliver_within(&self, budget_ms: u64) -> Result<DrainOutcome, SpoolError> {
         self.with_core(|core| {
             let outcome = core.deliver_within(Duration::from_millis(budget_ms))?;

@@ -1,11 +1,11 @@
 //! Delivery over a slow uplink: 400 events of 1 KB (incompressible properties, sent without
 //! gzip) through the throttling proxy of tests/support/throttle.rs in front of the reference
-//! collector, at 20, 8 and 2 KB/s with 300 ms latency and the default `attempt_timeout_ms`.
+//! collector, at 20, 8 and 2 KB/s with 300 ms latency and the default config.
 //!
-//! Scaled so the run stays short: each link runs [`SCALE`] times faster with latency and
-//! `attempt_timeout_ms` [`SCALE`] times shorter, which keeps every ratio of the real link (a
-//! batch's upload time to the timeout, the latency to either); times are reported scaled back
-//! to the real link. The baseline is the time the link needs to carry every event once.
+//! Scaled so the run stays short: each link runs [`SCALE`] times faster with the latency and
+//! the config's paces (`attempt_timeout_ms`, `min_batch_interval_ms`, the backoff) [`SCALE`]
+//! times shorter, which keeps every ratio of the real link (a batch's upload time to the
+//! timeout, the latency to either); times are reported scaled back to the real link. The baseline is the time the link needs to carry every event once.
 
 use std::time::{Duration, Instant};
 
@@ -19,7 +19,6 @@ use crate::throttle::{Link, Throttle};
 const SCALE: u64 = 10;
 const EVENTS: usize = 400;
 const LATENCY_MS: u64 = 300;
-const ATTEMPT_TIMEOUT_MS: u64 = 10_000;
 
 pub fn run() -> Result<Vec<Row>, Box<dyn std::error::Error>> {
     let mut rows = Vec::new();
@@ -41,7 +40,12 @@ fn one_link(kbps: u64) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
     )?;
     let mut c = Config::new(format!("http://{}/v1/batch", throttle.addr()));
     c.compression = Compression::None;
-    c.attempt_timeout_ms = ATTEMPT_TIMEOUT_MS / SCALE;
+    // Every duration of the defaults that paces delivery, scaled with the link.
+    let defaults = c.clone();
+    c.attempt_timeout_ms = defaults.attempt_timeout_ms / SCALE;
+    c.min_batch_interval_ms = defaults.min_batch_interval_ms / SCALE;
+    c.backoff_base_ms = defaults.backoff_base_ms / SCALE;
+    c.backoff_cap_ms = defaults.backoff_cap_ms / SCALE;
     let spool = EventSpool::builder(c).start_offline().open()?;
     for i in 0..EVENTS {
         let blob: String = (0..1024).map(|_| fastrand::alphanumeric()).collect();

@@ -4,9 +4,9 @@
 //! on 127.0.0.1, with the spool's real clock.
 //!
 //! Scaled so the test is short: the link of issue 26 (8 KB/s up, 300 ms latency, the default
-//! `attempt_timeout_ms` of 10 s) runs [`SCALE`] times faster here, with latency and
-//! `attempt_timeout_ms` [`SCALE`] times shorter, so every ratio (a batch's upload time to the
-//! timeout, the latency to either) is the issue's. 400 events of 1 KB take ~56 s on the real
+//! config) runs [`SCALE`] times faster here, with the latency and the config's paces
+//! (`attempt_timeout_ms`, `min_batch_interval_ms`, the backoff) [`SCALE`] times shorter, so
+//! every ratio (a batch's upload time to the timeout, the latency to either) is the issue's. 400 events of 1 KB take ~56 s on the real
 //! link, ~5.6 s here.
 
 use std::time::{Duration, Instant};
@@ -26,8 +26,8 @@ fn incompressible() -> String {
     (0..1024).map(|_| fastrand::alphanumeric()).collect()
 }
 
-/// Delivers [`EVENTS`] events of 1 KB over `link` (already scaled) with
-/// `attempt_timeout_ms` = 10 s / [`SCALE`]; returns (seconds taken, seconds the link needs to
+/// Delivers [`EVENTS`] events of 1 KB over `link` (already scaled) with the default config's
+/// paces scaled; returns (seconds taken, seconds the link needs to
 /// carry every event once, copies the collector received per event, requests sent).
 fn deliver_over(bytes_per_sec: u64, latency_ms: u64, wait: Duration) -> (f64, f64, f64, u64) {
     let collector = collector();
@@ -37,9 +37,13 @@ fn deliver_over(bytes_per_sec: u64, latency_ms: u64, wait: Duration) -> (f64, f6
     };
     let throttle = Throttle::start(collector.addr(), link).unwrap();
     let mut c = Config::new(format!("http://{}/v1/batch", throttle.addr()));
-    c.min_batch_interval_ms = 0;
     c.compression = Compression::None;
-    c.attempt_timeout_ms = 10_000 / SCALE;
+    // Every duration of the defaults that paces delivery, scaled with the link.
+    let defaults = c.clone();
+    c.attempt_timeout_ms = defaults.attempt_timeout_ms / SCALE;
+    c.min_batch_interval_ms = defaults.min_batch_interval_ms / SCALE;
+    c.backoff_base_ms = defaults.backoff_base_ms / SCALE;
+    c.backoff_cap_ms = defaults.backoff_cap_ms / SCALE;
     let spool = EventSpool::builder(c).start_offline().open().unwrap();
     for i in 0..EVENTS {
         spool

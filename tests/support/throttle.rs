@@ -15,6 +15,8 @@ use tokio::time::Instant;
 
 /// The link's serialisation step: at most this many bytes are taken from the client at once.
 const STEP_BYTES: usize = 512;
+/// How late past its last step the link may take the next one and still count as busy.
+const IDLE_SLACK: Duration = Duration::from_millis(5);
 
 #[derive(Clone, Copy, Debug)]
 pub struct Link {
@@ -111,7 +113,16 @@ async fn pipe(
         };
         if link.bytes_per_sec > 0 {
             let busy = Duration::from_secs_f64(n as f64 / link.bytes_per_sec as f64);
-            free_at = free_at.max(Instant::now()) + busy;
+            // A timer wakes late by up to a millisecond or so: a link that was busy all along
+            // carries on from where its last step ended, so the oversleep is not lost from its
+            // rate; one that sat idle starts now.
+            let now = Instant::now();
+            let start = if now <= free_at + IDLE_SLACK {
+                free_at
+            } else {
+                now
+            };
+            free_at = start + busy;
             tokio::time::sleep_until(free_at).await;
         }
         if tx

@@ -45,8 +45,8 @@ pub struct HttpRequest {
     /// the body is taken by the connection while it is uploaded, then none of the answer arrives
     /// (`attempt_timeout_ms`). A slow link that keeps moving is never cut by it; a dead one is.
     pub stall_timeout: Duration,
-    /// The ceiling of the whole attempt, however it moves ([`crate::wire::ATTEMPT_CEILING_FACTOR`]
-    /// times `stall_timeout`); the worker enforces it too. A transport that cannot see progress
+    /// The ceiling of the whole attempt, however it moves (12 times `stall_timeout`, see
+    /// `ATTEMPT_CEILING_FACTOR` in src/wire.rs); the worker enforces it too. A transport that cannot see progress
     /// uses this as its total deadline.
     pub timeout: Duration,
     /// Read at most this many bytes of the answer (`response_bound` of the batch); a transport

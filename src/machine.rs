@@ -165,12 +165,14 @@ pub enum Input {
     /// The answer to [`Action::Send`]: `note` is what the transport's result says about the
     /// send ([`SendNote::Answered`] for any HTTP answer, [`SendNote::NotSent`] for a refused
     /// connection, `None` when the effect is unknown), `outcome` its classification,
-    /// `body_bytes` the body's size before compression.
+    /// `body_bytes` the body's size before compression, `timed_out` whether it ended in a
+    /// timeout ([`timed_out`]).
     Answer {
         now_ms: u64,
         note: Option<SendNote>,
         outcome: Outcome,
         body_bytes: u64,
+        timed_out: bool,
     },
 }
 
@@ -183,6 +185,13 @@ pub fn send_note(result: &Result<HttpResponse, TransportError>) -> Option<SendNo
         Err(TransportError::Connect(_) | TransportError::Tls(_)) => Some(SendNote::NotSent),
         Err(TransportError::Timeout | TransportError::Io(_)) => None,
     }
+}
+
+/// Whether the attempt ended in a timeout (no byte moved for `attempt_timeout_ms`, or the
+/// attempt's ceiling): on a slow link that says the batch was too large for it, and teaches a
+/// smaller one ([`SizeLimit::for_stalls`]).
+pub fn timed_out(result: &Result<HttpResponse, TransportError>) -> bool {
+    matches!(result, Err(TransportError::Timeout))
 }
 
 /// What the driver does, in order.
@@ -323,6 +332,10 @@ pub struct Machine {
     split: Option<Split<Refused>>,
     /// The body size a proxy or the collector accepts, learned from 413s (life of the spool).
     size_limit: SizeLimit,
+    /// The body size the link carries within `attempt_timeout_ms`, learned from timeouts; for
+    /// the link it was learned on: a reconnect or a change of the device's conditions (another
+    /// network, perhaps) starts afresh.
+    stall_limit: SizeLimit,
     next_periodic_ms: u64,
     /// After `dismiss()`: the user said "back", so `flush_at` does not restart sending; the next
     /// periodic flush or an explicit trigger does.
@@ -346,6 +359,8 @@ pub struct Machine {
     isolation: Option<u64>,
     /// The last request got no answer at all (timeout, connection dropped): effect unknown.
     last_send_unanswered: bool,
+    /// The last request ended in a timeout.
+    last_send_timed_out: bool,
     /// The app's last word on connectivity: where the machine rests when nothing is sent.
     online: bool,
     /// What the device's conditions, by the policy, say now: `Some` holds delivery back.
@@ -404,6 +419,7 @@ impl Machine {
         };
         Machine {
             size_limit: SizeLimit::new(policy.max_batch_bytes),
+            stall_limit: SizeLimit::for_stalls(policy.max_batch_bytes),
             next_periodic_ms: now_ms + policy.flush_interval_ms,
             policy,
             jitter,
@@ -420,6 +436,7 @@ impl Machine {
             answers: 0,
             isolation: None,
             last_send_unanswered: false,
+            last_send_timed_out: false,
             online: control.online,
             deferred,
             drains: Vec::new(),
@@ -483,7 +500,11 @@ impl Machine {
                 note,
                 outcome,
                 body_bytes,
-            } => self.answer(now_ms, note, outcome, body_bytes),
+                timed_out,
+            } => {
+                self.last_send_timed_out = timed_out;
+                self.answer(now_ms, note, outcome, body_bytes)
+            }
         }
         self.settle_drains();
         std::mem::take(&mut self.out)
@@ -746,6 +767,7 @@ impl Machine {
             self.release_work();
             // A reconnect starts a fresh failure episode: the old budget was spent on a dead link.
             self.fresh_episode();
+            self.new_link();
             if c.online && self.pause.is_none() {
                 self.resume_sending(now);
             } else {
@@ -767,6 +789,7 @@ impl Machine {
             (Some(_), None) => {
                 // As a reconnect: a fresh episode, and what is pending goes now.
                 self.fresh_episode();
+                self.new_link();
                 if matches!(self.mode, Mode::Deferred { .. }) {
                     self.start_drain(now);
                 }
@@ -832,6 +855,17 @@ impl Machine {
         self.probes_failed = 0;
     }
 
+    /// The link may be another one (a reconnect, the device's conditions changed): what
+    /// timeouts taught about its speed no longer holds.
+    fn new_link(&mut self) {
+        self.stall_limit = SizeLimit::for_stalls(self.policy.max_batch_bytes);
+    }
+
+    /// The batch size timeouts taught on this link, if they taught one (shown in `Stats`).
+    pub fn slow_link_batch_bytes(&self) -> Option<u64> {
+        self.stall_limit.learned()
+    }
+
     /// Where the machine rests when nothing is being sent: disabled (consent denied), deferred
     /// for consent, offline, paused, deferred by the device's conditions, or idle, in that
     /// precedence (docs/delivery.md §States).
@@ -857,11 +891,12 @@ impl Machine {
         }
     }
 
-    /// The event JSON a new batch may carry: the learned size limit within `max_batch_bytes`,
-    /// less the envelope.
+    /// The event JSON a new batch may carry: the size limits learned from 413s and from
+    /// timeouts within `max_batch_bytes`, less the envelope.
     fn room_bytes(&self) -> u64 {
         self.size_limit
             .bytes()
+            .min(self.stall_limit.bytes())
             .min(self.policy.max_batch_bytes)
             .saturating_sub(BATCH_OVERHEAD_BYTES)
     }
@@ -1022,6 +1057,7 @@ impl Machine {
         }
         if matches!(outcome, Outcome::Delivered | Outcome::Partial { .. }) {
             self.size_limit.accepted(batch.body_bytes);
+            self.stall_limit.accepted(batch.body_bytes);
         }
         match &outcome {
             Outcome::Transient {
@@ -1102,8 +1138,20 @@ impl Machine {
                 failure,
                 retry_after_ms,
             } => {
+                if self.last_send_timed_out {
+                    self.stall_limit.timed_out(batch.body_bytes);
+                }
                 if let Some(batch) = self.isolate_unanswered(batch, &failure, retry_after_ms, now) {
-                    self.work.push_front(batch);
+                    if self.last_send_timed_out
+                        && batch.events.len() > 1
+                        && batch.body_bytes > self.stall_limit.bytes()
+                    {
+                        // Too large for the link: the retry goes in halves, as the next
+                        // batches will.
+                        self.resend_in_halves(batch);
+                    } else {
+                        self.work.push_front(batch);
+                    }
                     self.transient(failure, retry_after_ms, now);
                 }
             }

@@ -16,6 +16,14 @@
 //! starting each new batch at the full `max_batch_bytes` again costs one refused upload per
 //! batch. [`SizeLimit`] remembers the size that was accepted for the life of the spool and grows
 //! back slowly (see its rule).
+//!
+//! A timeout teaches a size too: on a slow uplink a batch that takes longer to go up than the
+//! link stays quiet is cut by no stall timeout, but one that stalls (the link, or the bytes
+//! it buffers, cannot move within `attempt_timeout_ms`) is sent again smaller. The same
+//! [`SizeLimit`] rule with [`SizeLimit::for_stalls`]: a timeout of a body above
+//! [`STALL_MIN_BODY_BYTES`] halves the next batches (down to about one event), successes grow
+//! them back, sooner than after a 413, and the machine forgets it with the link it was learned
+//! on (a reconnect starts afresh).
 
 /// Lone events refused before any request of the split was accepted that are held as suspects;
 /// one more such refusal pauses delivery. One suspect lets a poison event at the very head of a
@@ -105,6 +113,22 @@ pub const GROW_AFTER_ACCEPTED: u32 = 16;
 /// again and again is still tried now and then, in case the proxy was reconfigured.
 pub const MAX_GROW_AFTER_ACCEPTED: u32 = 1024;
 
+/// Timeouts of bodies up to this size teach nothing: a few KB go up in seconds even on a
+/// 2 KB/s link, so a timeout of one is a dead link or collector, which backoff and the probe
+/// handle, not a batch too large for the link.
+pub const STALL_MIN_BODY_BYTES: u64 = 4 * 1024;
+/// As [`GROW_AFTER_ACCEPTED`] and [`MAX_GROW_AFTER_ACCEPTED`] for sizes taught by timeouts: a
+/// mobile link's speed changes within minutes, a proxy's limit hardly ever.
+pub const STALL_GROW_AFTER_ACCEPTED: u32 = 4;
+pub const STALL_MAX_GROW_AFTER_ACCEPTED: u32 = 64;
+
+/// How fast a [`SizeLimit`] grows back, by what taught it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Growth {
+    after: u32,
+    max_after: u32,
+}
+
 /// The largest request body (bytes before compression, as `max_batch_bytes` counts them) that
 /// a new batch may have, learned from 413 answers.
 ///
@@ -129,23 +153,59 @@ pub struct SizeLimit {
     accepted_max: u64,
     streak: u32,
     grow_after: u32,
+    growth: Growth,
 }
 
 impl SizeLimit {
-    /// Starts at the configured `max_batch_bytes`.
+    /// The limit 413s teach, starting at the configured `max_batch_bytes`.
     pub fn new(max_batch_bytes: u64) -> SizeLimit {
+        SizeLimit::growing(
+            max_batch_bytes,
+            Growth {
+                after: GROW_AFTER_ACCEPTED,
+                max_after: MAX_GROW_AFTER_ACCEPTED,
+            },
+        )
+    }
+
+    /// The limit timeouts teach ([`SizeLimit::timed_out`]), starting at `max_batch_bytes`.
+    pub fn for_stalls(max_batch_bytes: u64) -> SizeLimit {
+        SizeLimit::growing(
+            max_batch_bytes,
+            Growth {
+                after: STALL_GROW_AFTER_ACCEPTED,
+                max_after: STALL_MAX_GROW_AFTER_ACCEPTED,
+            },
+        )
+    }
+
+    fn growing(max_batch_bytes: u64, growth: Growth) -> SizeLimit {
         SizeLimit {
             configured: max_batch_bytes,
             limit: max_batch_bytes,
             accepted_max: 0,
             streak: 0,
-            grow_after: GROW_AFTER_ACCEPTED,
+            grow_after: growth.after,
+            growth,
         }
     }
 
     /// The body size a new batch may have now.
     pub fn bytes(&self) -> u64 {
         self.limit
+    }
+
+    /// The size learned, if it is below the configured one.
+    pub fn learned(&self) -> Option<u64> {
+        (self.limit < self.configured).then_some(self.limit)
+    }
+
+    /// An attempt with a body of `body_bytes` timed out: as a 413 for it, above
+    /// [`STALL_MIN_BODY_BYTES`].
+    pub fn timed_out(&mut self, body_bytes: u64) {
+        if body_bytes > STALL_MIN_BODY_BYTES {
+            self.refused(body_bytes);
+        }
     }
 
     /// A 413 for a body of `body_bytes`.
@@ -160,10 +220,7 @@ impl SizeLimit {
         }
         let grown = self.limit < self.configured && self.accepted_max > 0;
         if grown {
-            self.grow_after = self
-                .grow_after
-                .saturating_mul(2)
-                .min(MAX_GROW_AFTER_ACCEPTED);
+            self.grow_after = self.grow_after.saturating_mul(2).min(self.growth.max_after);
         }
         let learned = if self.accepted_max > 0 {
             self.accepted_max
@@ -291,6 +348,35 @@ mod tests {
         size.accepted(50_000);
         size.refused(40_000);
         assert_eq!(size.bytes(), 20_000);
+    }
+
+    #[test]
+    fn timeouts_of_large_bodies_halve_down_to_about_one_event_and_successes_grow_back() {
+        let mut size = SizeLimit::for_stalls(512 * 1024);
+        size.timed_out(110_000);
+        assert_eq!(size.learned(), Some(55_000));
+        for _ in 0..10 {
+            size.timed_out(size.bytes());
+        }
+        assert_eq!(size.bytes(), 3_437, "110,000 halved five times");
+        assert!(size.bytes() <= STALL_MIN_BODY_BYTES && size.bytes() >= MIN_LEARNED_BYTES);
+        let floor = size.clone();
+        size.timed_out(size.bytes());
+        assert_eq!(size, floor, "a timeout of a few KB teaches nothing");
+        for _ in 0..10_000 {
+            let b = size.bytes();
+            size.accepted(b);
+            if size.learned().is_none() {
+                break;
+            }
+        }
+        assert_eq!(size.learned(), None, "grown back: {size:?}");
+        let mut grow = SizeLimit::for_stalls(512 * 1024);
+        grow.timed_out(100_000);
+        for _ in 0..STALL_GROW_AFTER_ACCEPTED {
+            grow.accepted(50_000);
+        }
+        assert_eq!(grow.bytes(), 56_250, "an eighth after a few successes");
     }
 
     #[test]

@@ -587,7 +587,8 @@ impl EventSpool {
     /// - [`DrainOutcome::Drained`]: the queue was found empty;
     /// - [`DrainOutcome::DeadlineReached`]: the budget passed with events pending. A request in
     ///   flight at that moment is not abandoned: the answer comes after it (within
-    ///   `attempt_timeout_ms`), so leave that much of the platform's budget unclaimed;
+    ///   `attempt_timeout_ms` of the link falling silent, at most 12 × `attempt_timeout_ms`
+    ///   after it started), so leave at least `attempt_timeout_ms` of the budget unclaimed;
     /// - [`DrainOutcome::RetryAfter`]: the next attempt (a retry, or the slow probe behind
     ///   `WaitingForUser`) falls after the budget; reschedule the job `ms` from now. A retry due
     ///   within the budget is waited for;

@@ -118,6 +118,10 @@ pub struct Stats {
     /// (compared as UUIDs, whatever their spelling): a collector bug worth a look, never
     /// taken for one of the batch's events.
     pub rejections_unmatched: u64,
+    /// The body size (bytes before compression) timeouts have taught on the link in use: the
+    /// next batches are no larger, and grow back after successes (docs/delivery.md §Slow
+    /// links). `None` while nothing is taught, or after a reconnect.
+    pub slow_link_batch_bytes: Option<u64>,
     /// Collector directives taken, and directive fields ignored (malformed, unknown, expired,
     /// or turned off with `directives = false`); see docs/protocol.md §Directives.
     pub directives_applied: u64,
@@ -219,6 +223,8 @@ pub struct Counters {
     pub stores_recovered: AtomicU64,
     pub panics: AtomicU64,
     pub rejections_unmatched: AtomicU64,
+    /// [`Stats::slow_link_batch_bytes`], 0 for none; the worker stores it after each answer.
+    pub slow_link_batch_bytes: AtomicU64,
     dropped: [AtomicU64; DropReason::ALL.len()],
     /// Shared by moves, exclusive for a snapshot.
     gate: parking_lot::RwLock<()>,
@@ -305,6 +311,7 @@ impl Counters {
             stores_recovered: get(&self.stores_recovered),
             panics: get(&self.panics),
             rejections_unmatched: get(&self.rejections_unmatched),
+            slow_link_batch_bytes: Some(get(&self.slow_link_batch_bytes)).filter(|b| *b > 0),
             ..Stats::default()
         }
     }

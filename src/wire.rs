@@ -46,10 +46,17 @@ pub fn batch_body<'a>(
     body
 }
 
+/// The ceiling of one attempt, in `attempt_timeout_ms`: far above it, so a batch on a slow link
+/// that keeps moving is not cut (a 100-event batch needs ~50 s at 2 KB/s, under the default
+/// 120 s), yet a link that trickles a byte now and then cannot hold the one request in flight
+/// for ever. A timeout of either kind teaches a smaller batch (`src/split.rs`).
+pub const ATTEMPT_CEILING_FACTOR: u32 = 12;
+
 /// The request that carries `body` (from [`batch_body`], holding `events` events) to
 /// `config.endpoint`, as the delivery worker sends it: gzip past [`GZIP_THRESHOLD_BYTES`] when
 /// `config.compression` says so, the headers of docs/protocol.md §Request (`attempt` is
-/// `X-Eventspool-Attempt`), `attempt_timeout_ms`, and the read bound of the batch.
+/// `X-Eventspool-Attempt`), `attempt_timeout_ms` as the stall timeout under its ceiling, and the
+/// read bound of the batch.
 pub fn batch_request(
     config: &Config,
     api_key: Option<&str>,
@@ -74,7 +81,9 @@ pub fn batch_request(
         url: config.endpoint.clone(),
         headers,
         body,
-        timeout: Duration::from_millis(config.attempt_timeout_ms),
+        stall_timeout: Duration::from_millis(config.attempt_timeout_ms),
+        timeout: Duration::from_millis(config.attempt_timeout_ms)
+            .saturating_mul(ATTEMPT_CEILING_FACTOR),
         max_response_bytes: response_bound(events),
     }
 }

@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime};
 use crate::classify::{Outcome, classify};
 use crate::event::{QueuedEvent, SendNote};
 use crate::fleet::Steer;
-use crate::machine::{Action, Events, Input, Jitter, Machine, Policy, send_note};
+use crate::machine::{Action, Events, Input, Jitter, Machine, Policy, send_note, timed_out};
 use crate::quarantine::{QuarantinedEvent, Selector};
 use crate::shared::{Shared, lock};
 use crate::state::Notice;
@@ -181,6 +181,10 @@ impl Worker {
             };
             if let Some(input) = answer {
                 todo.extend(self.machine.feed(input));
+                self.s.counters.slow_link_batch_bytes.store(
+                    self.machine.slow_link_batch_bytes().unwrap_or(0),
+                    Ordering::Relaxed,
+                );
             }
         }
         true
@@ -296,6 +300,7 @@ impl Worker {
             note: send_note(&result),
             outcome,
             body_bytes,
+            timed_out: timed_out(&result),
         })
     }
 

@@ -4,14 +4,17 @@
 //! `cargo run --release --example bench [-- --quick]`
 //!
 //! Human table on stderr, JSON report on stdout. `--quick` skips the 1M-event growth runs;
-//! `--only track,spill,cap,always,critical,drain,encrypt,rss,cold` picks scenarios; `--sizes N,M` sets the spill/drain sizes.
+//! `--only track,spill,cap,always,critical,drain,encrypt,rss,cold,slowlink` picks scenarios; `--sizes N,M` sets the spill/drain sizes.
 //! The peak-RSS run re-executes this binary (`--rss-child URL`) so that the high-water mark it
 //! reads belongs to that scenario alone. See BENCHMARKS.md for the figures and the machine.
 
 mod burst;
 mod critical;
 mod rss;
+mod slowlink;
 mod store;
+#[path = "../../tests/support/throttle.rs"]
+mod throttle;
 mod track;
 
 use serde_json::{Value, json};
@@ -254,6 +257,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     if want("cold") {
         emit(store::cold_open()?);
+    }
+    if want("slowlink") {
+        emit(slowlink::run()?);
     }
     let report = json!({
         "machine": machine,

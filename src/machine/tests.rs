@@ -188,6 +188,7 @@ impl Rig {
             note: send_note(&result),
             outcome: classify(&result, now),
             body_bytes,
+            timed_out: timed_out(&result),
         })
     }
 
@@ -2084,3 +2085,41 @@ fn critical_lane_row_by_row() {
 }
 
 mod orderings;
+
+/// A timeout teaches the batch size as a 413 does (src/split.rs): the timed-out batch is sent
+/// again in halves after the backoff and the next batches are cut at half; successes grow it
+/// back; a reconnect forgets it; a timeout of a few KB teaches nothing.
+#[test]
+fn timeouts_teach_a_batch_size_for_the_link() {
+    let timed_out = || then(sending(10), &[Timeout, Fire]);
+    let rows = [
+        row(
+            timed_out(),
+            Tick,
+            &["publish sending", "send 5 #2"],
+            "sending ep1",
+        ),
+        row(
+            then(timed_out(), &[Tick, Status(200), Tick, Status(200)]),
+            Tick,
+            &["next batch <=4936"],
+            "sending",
+        ),
+        row(
+            then(
+                timed_out(),
+                &[Tick, Status(200), Online(false), Online(true)],
+            ),
+            Tick,
+            &["next batch <=524224"],
+            "sending",
+        ),
+        row(
+            then(sending(4), &[Timeout, Fire]),
+            Tick,
+            &["publish sending", "send 4 #2"],
+            "sending ep1",
+        ),
+    ];
+    assert_eq!(drive(policy(), &rows), 4);
+}

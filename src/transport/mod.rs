@@ -41,7 +41,13 @@ pub struct HttpRequest {
     pub url: String,
     pub headers: Vec<(String, String)>,
     pub body: Vec<u8>,
-    /// The whole attempt must finish within this; the worker enforces it too.
+    /// The attempt fails ([`TransportError::Timeout`]) when no byte moves for this long: none of
+    /// the body is taken by the connection while it is uploaded, then none of the answer arrives
+    /// (`attempt_timeout_ms`). A slow link that keeps moving is never cut by it; a dead one is.
+    pub stall_timeout: Duration,
+    /// The ceiling of the whole attempt, however it moves (12 times `stall_timeout`, see
+    /// `ATTEMPT_CEILING_FACTOR` in src/wire.rs); the worker enforces it too. A transport that cannot see progress
+    /// uses this as its total deadline.
     pub timeout: Duration,
     /// Read at most this many bytes of the answer (`response_bound` of the batch); a transport
     /// that stops there sets [`HttpResponse::truncated`].
@@ -57,6 +63,7 @@ impl std::fmt::Debug for HttpRequest {
             .field("url", &self.url)
             .field("headers", &names)
             .field("body_bytes", &self.body.len())
+            .field("stall_timeout", &self.stall_timeout)
             .field("timeout", &self.timeout)
             .field("max_response_bytes", &self.max_response_bytes)
             .finish()

@@ -21,5 +21,8 @@ mod policy;
 mod quarantine;
 mod reentrant;
 mod rig;
+mod slowlink;
+#[path = "../support/throttle.rs"]
+mod throttle;
 mod upgrade;
 mod wrong_network;

@@ -73,8 +73,16 @@ pub struct TransportRequest {
     pub url: String,
     pub headers: HashMap<String, String>,
     pub body: Vec<u8>,
-    /// The whole exchange should finish within this; the SDK gives up on it after that anyway.
+    /// The ceiling of the whole exchange, however it moves; the SDK gives up on it after that
+    /// anyway. A stack that can only set a total deadline uses this one.
     pub timeout_ms: u64,
+    /// Fail the exchange with a timeout when no byte moves for this long: as the body goes up,
+    /// then while the answer is awaited and read (`attempt_timeout_ms`). A slow link that keeps
+    /// moving must not be cut by it. OkHttp: `writeTimeout` and `readTimeout`; URLSession:
+    /// `timeoutIntervalForRequest` (which counts from the last data received or sent), with
+    /// `timeout_ms` as `timeoutIntervalForResource`. 0 from an older SDK: use `timeout_ms`.
+    #[uniffi(default = 0)]
+    pub stall_timeout_ms: u64,
     /// Read at most this many bytes of the answer, plus one: the SDK keeps `max_response_bytes`
     /// and takes a longer body as cut short (docs/protocol.md §Read bound), so reading further
     /// only lets a hostile or broken collector fill the app's memory. 0: no bound given.
@@ -93,6 +101,7 @@ impl std::fmt::Debug for TransportRequest {
             .field("headers", &names)
             .field("body_bytes", &self.body.len())
             .field("timeout_ms", &self.timeout_ms)
+            .field("stall_timeout_ms", &self.stall_timeout_ms)
             .field("max_response_bytes", &self.max_response_bytes)
             .finish()
     }
@@ -187,6 +196,7 @@ impl Transport for TransportAdapter {
                 headers: request.headers.into_iter().collect(),
                 body: request.body,
                 timeout_ms: duration_ms(request.timeout),
+                stall_timeout_ms: duration_ms(request.stall_timeout),
                 max_response_bytes: bound as u64,
             };
             // The foreign call starts in the first poll, which the SDK makes while it holds

@@ -419,7 +419,8 @@ impl EventSpool {
     /// `BGTask`: reschedule from the outcome). Blocks the calling thread: never call it on the
     /// UI thread, nor from a `DeliveryObserver` (`WrongThread`). The SDK's worker still does
     /// the sending, one request at a time; a request in flight at the deadline is answered
-    /// first (within `attempt_timeout_ms`), so leave that much of the platform's budget.
+    /// first (within `attempt_timeout_ms` of the link falling silent, at most 12 times that in
+    /// all), so leave at least `attempt_timeout_ms` of the platform's budget.
     pub fn deliver_within(&self, budget_ms: u64) -> Result<DrainOutcome, SpoolError> {
         self.with_core(|core| {
             let outcome = core.deliver_within(Duration::from_millis(budget_ms))?;
@@ -763,7 +764,8 @@ mod tests {
             .into_iter()
             .collect(),
             body: b"{}".to_vec(),
-            timeout_ms: 1_000,
+            timeout_ms: 12_000,
+            stall_timeout_ms: 1_000,
             max_response_bytes: 65_536,
         };
         let text = format!("{request:?} {request:#?}");
@@ -804,6 +806,7 @@ mod tests {
                 url: "https://x.example/b".into(),
                 headers: Vec::new(),
                 body: Vec::new(),
+                stall_timeout: std::time::Duration::from_secs(1),
                 timeout: std::time::Duration::from_secs(1),
                 max_response_bytes: bound,
             };

@@ -360,6 +360,10 @@ pub struct SpoolStats {
     /// `rejected` ids in a 2xx that named no event of the batch (a collector bug).
     #[uniffi(default)]
     pub rejections_unmatched: u64,
+    /// The batch body size timeouts taught on the link in use (a slow uplink); `None` while
+    /// nothing is taught, or after a reconnect.
+    #[uniffi(default)]
+    pub slow_link_batch_bytes: Option<u64>,
 }
 
 /// A collector's directive as it holds on this device now (docs/protocol.md §Directives).
@@ -420,6 +424,7 @@ impl SpoolStats {
             directive: s.directive.map(Into::into),
             install_id,
             rejections_unmatched: s.rejections_unmatched,
+            slow_link_batch_bytes: s.slow_link_batch_bytes,
         }
     }
 }

@@ -22,7 +22,9 @@ class HttpClientTransport(eventspool.HttpTransport):
         with self.lock:
             self.calls += 1
         url = urllib.parse.urlsplit(request.url)
-        conn = http.client.HTTPConnection(url.hostname, url.port, timeout=request.timeout_ms / 1000)
+        # http.client's timeout is per socket operation: the SDK's "no byte moved" timeout.
+        stall_ms = request.stall_timeout_ms or request.timeout_ms
+        conn = http.client.HTTPConnection(url.hostname, url.port, timeout=stall_ms / 1000)
         try:
             conn.request(request.method, url.path or "/", body=bytes(request.body), headers=dict(request.headers))
             response = conn.getresponse()

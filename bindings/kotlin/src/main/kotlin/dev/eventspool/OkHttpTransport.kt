@@ -22,8 +22,10 @@ import uniffi.eventspool.TransportResponse
  *
  * The SDK owns the delivery policy, so OkHttp's own is switched off: no redirects (a 3xx
  * comes back to the SDK, which classifies it), no silent retry on a failed connection (the SDK
- * counts every attempt and spaces them), and each call's timeout is the one the SDK gives
- * (`attempt_timeout_ms`), not OkHttp's defaults. Every "no answer" becomes a typed
+ * counts every attempt and spaces them), and each call's timeouts are the ones the SDK gives,
+ * not OkHttp's defaults: `stallTimeoutMs` (`attempt_timeout_ms`, "no byte moved") as the
+ * per-write and per-read timeout, so a slow uplink that keeps moving is not cut, and
+ * `timeoutMs` (the attempt's ceiling) as the call timeout. Every "no answer" becomes a typed
  * [HttpTransportException]: Connect / Timeout / Tls / Io. The answer is read as the core's own
  * transport reads it: at most the request's `maxResponseBytes` plus one byte (which tells the
  * SDK the answer was cut), so a collector that answers without end cannot fill the app's memory.
@@ -45,8 +47,12 @@ class OkHttpTransport(base: OkHttpClient = OkHttpClient()) : HttpTransport {
         } else {
             request.body.toRequestBody(contentType?.toMediaTypeOrNull())
         }
+        // 0 from an SDK that gives no stall timeout: the total deadline is all there is.
+        val stallMs = if (request.stallTimeoutMs > 0uL) request.stallTimeoutMs else request.timeoutMs
         val call = client.newBuilder()
             .callTimeout(request.timeoutMs.toLong(), TimeUnit.MILLISECONDS)
+            .writeTimeout(stallMs.toLong(), TimeUnit.MILLISECONDS)
+            .readTimeout(stallMs.toLong(), TimeUnit.MILLISECONDS)
             .build()
             .newCall(Request.Builder().url(request.url).headers(headers.build()).method(request.method, body).build())
         try {

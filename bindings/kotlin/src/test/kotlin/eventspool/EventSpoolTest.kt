@@ -74,7 +74,9 @@ class EventSpoolTest {
             val status = spool.state()
             assertTrue(status.state is DeliveryState.Offline, "$status")
             assertEquals(150uL, status.pending)
-            assertTrue(spool.stats().pendingDisk > 0uL, "memory_capacity 20 must spill to the store")
+            // The spill thread writes what is past memory_capacity on its own time (it gathers a
+            // few events before a commit), so the store is looked at until it has them.
+            assertTrue(waitUntil { spool.stats().pendingDisk > 0uL }, "memory_capacity 20 must spill to the store")
 
             spool.setOnline(true)
             assertTrue(spool.waitDrained(20_000uL))

@@ -89,6 +89,14 @@ impl SpoolBuilder {
     pub fn open(self) -> Result<EventSpool> {
         EventSpool::start(self)
     }
+
+    /// Opens the spool without its threads: the delivery worker and the spill run only when the
+    /// returned [`crate::testing::Stepper`] steps them, on the caller's thread, so a simulation
+    /// under a clock of its own replays exactly from a seed. Feature `test-util`.
+    #[cfg(feature = "test-util")]
+    pub fn open_stepped(self) -> Result<(EventSpool, crate::testing::Stepper)> {
+        EventSpool::start_stepped(self)
+    }
 }
 
 struct Handle {
@@ -130,7 +138,9 @@ impl EventSpool {
         }
     }
 
-    fn start(b: SpoolBuilder) -> Result<EventSpool> {
+    /// Everything of an open but the threads: the store opened, the decisions it records read
+    /// back, the shared state built.
+    fn build_shared(b: SpoolBuilder) -> Result<Arc<Shared>> {
         let config = b.config;
         config.validate()?;
         if config.durability == Durability::Always && config.db_path.is_none() {
@@ -278,6 +288,11 @@ impl EventSpool {
                 reason,
             });
         }
+        Ok(shared)
+    }
+
+    fn start(b: SpoolBuilder) -> Result<EventSpool> {
+        let shared = EventSpool::build_shared(b)?;
         let spiller = match shared.queue.has_store() {
             true => {
                 let s = shared.clone();
@@ -330,6 +345,36 @@ impl EventSpool {
                 consent_verb: Mutex::new(()),
             }),
         })
+    }
+
+    /// A spool whose worker and spill run only when a test steps them (see
+    /// [`crate::testing::Stepper`]): no thread, no runtime of its own.
+    #[cfg(feature = "test-util")]
+    fn start_stepped(b: SpoolBuilder) -> Result<(EventSpool, crate::testing::Stepper)> {
+        let shared = EventSpool::build_shared(b)?;
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let stepper = crate::testing::Stepper::new(shared.clone(), done_tx)?;
+        let spool = EventSpool {
+            handle: Arc::new(Handle {
+                shared,
+                runtime: Mutex::new(None),
+                worker_done: Mutex::new(Some(done_rx)),
+                spiller: Mutex::new(None),
+                closed: AtomicBool::new(false),
+                admission: parking_lot::RwLock::new(()),
+                consent_verb: Mutex::new(()),
+            }),
+        };
+        Ok((spool, stepper))
+    }
+
+    /// Ends this handle as a killed process would: nothing is persisted, no count is left for
+    /// the next open, what memory held is gone; the store's files stay as they are on disk.
+    /// The last clone going closes the connection and frees the owner lock. Feature `test-util`.
+    #[cfg(feature = "test-util")]
+    pub fn crash(self) {
+        self.handle.closed.store(true, Ordering::SeqCst);
+        self.shared().queue.stop_spiller();
     }
 
     fn shared(&self) -> &Shared {

@@ -489,14 +489,15 @@ impl Device {
                 ..DeliveryConditions::default()
             }),
             Step::Consent(c) => {
-                if spool.set_consent(*c).is_ok() {
-                    self.consent = *c;
-                    if *c == Consent::Denied {
-                        self.expose_all();
-                    }
+                let done = spool.set_consent(*c).is_ok();
+                // A denial whose deletion failed is still in force (README §Consent).
+                self.consent = spool.consent();
+                if self.consent == Consent::Denied {
+                    self.expose_all();
                 }
                 self.said_no();
-                if *c == Consent::Denied && spool.consent() == Consent::Denied {
+                // Only a denial that returned Ok claims the wipe.
+                if done && *c == Consent::Denied {
                     self.scan_after_denial()?;
                 }
                 self.fresh_start();

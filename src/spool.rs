@@ -250,6 +250,7 @@ impl EventSpool {
             consent: std::sync::atomic::AtomicU8::new(consent.to_u8()),
             enabled: AtomicBool::new(enabled),
             send_gate: parking_lot::RwLock::new(()),
+            on_wire: AtomicBool::new(false),
             discard_owed: AtomicBool::new(unfinished_denial.is_some()),
             state: Mutex::new(StateCell {
                 state: match consent {
@@ -754,8 +755,9 @@ impl EventSpool {
         let s = self.shared();
         if consent != Consent::Denied && s.discard_owed.load(Ordering::SeqCst) {
             // Nothing the last denial covered may go out under a new answer.
+            // Denied until now: nothing of the worker is on the wire.
             s.queue
-                .discard_for_consent(crate::queue::WAL_TRUNCATE_BOUND)
+                .discard_for_consent(crate::queue::WAL_TRUNCATE_BOUND, true)
                 .map_err(|e| Error::WipeIncomplete(e.to_string()))?;
             s.discard_owed.store(false, Ordering::SeqCst);
         }
@@ -764,7 +766,9 @@ impl EventSpool {
         if consent == Consent::Denied {
             crate::testing::denial_recorded();
         }
-        {
+        // Whether the worker's batch is on the wire, read under the gate: once consent says no,
+        // a batch not on the wire by now never goes, so the denial deletes it with the rest.
+        let batch_not_on_wire = {
             // Flag and control together under the gate: a send the worker has not started yet
             // sees the new consent and is withheld, and the worker is told before anything
             // below can fail.
@@ -776,7 +780,8 @@ impl EventSpool {
                     c.consent_changed = true;
                 }
             });
-        }
+            !s.on_wire.load(Ordering::SeqCst)
+        };
         match consent {
             Consent::Denied => {
                 // Waits for the track() calls already past their consent check, so their
@@ -787,7 +792,7 @@ impl EventSpool {
                 s.fleet.forget_install(&s.full_stats());
                 if let Err(e) = s
                     .queue
-                    .discard_for_consent(crate::queue::WAL_TRUNCATE_BOUND)
+                    .discard_for_consent(crate::queue::WAL_TRUNCATE_BOUND, batch_not_on_wire)
                 {
                     s.discard_owed.store(true, Ordering::SeqCst);
                     s.wake.notify_one();

@@ -65,11 +65,27 @@ impl Collector {
         self.answer_with(roll, rng, events, body_len, mood, true)
     }
 
-    /// The answer of a healthy collector after the world healed: its verdict on the events only
-    /// (a lone poison event, a rejected name, a body past its limit), no directive.
+    /// The answer of a healthy collector after the world healed: whoever ran it fixed what made
+    /// it refuse events, so it takes every body within its size limit, no directive.
     pub fn answer_healthy(&mut self, events: &[Received], body_len: usize, mood: &Mood) -> Reply {
-        let mut unused = fastrand::Rng::with_seed(0);
-        self.answer_with(100, &mut unused, events, body_len, mood, false)
+        let mut reply = Reply {
+            response: response(200, ""),
+            acked: Vec::new(),
+            refused: Vec::new(),
+            retry_after_s: None,
+            directive: None,
+        };
+        if body_len > mood.body_limit {
+            reply.response = response(413, "Request Entity Too Large");
+            return reply;
+        }
+        self.requests += 1;
+        for e in events {
+            *self.stored.entry(e.id.clone()).or_default() += 1;
+            reply.acked.push(e.id.clone());
+        }
+        reply.response = response(200, &format!(r#"{{"accepted":{}}}"#, events.len()));
+        reply
     }
 
     fn answer_with(

@@ -163,6 +163,9 @@ pub struct Device {
     store_faulted: bool,
     /// Drops the handles before the current one counted, every reason.
     drops_counted: u64,
+    checks: u64,
+    /// Dead letters a purge (the app's or a directive's) may have deleted.
+    purgeable: HashSet<String>,
     pub figures: Figures,
     pub trace: crate::world::Trace,
 }
@@ -236,6 +239,8 @@ impl Device {
             failing: HashMap::new(),
             store_faulted: false,
             drops_counted: 0,
+            checks: 0,
+            purgeable: HashSet::new(),
             figures: Figures::default(),
             trace: crate::world::Trace::default(),
         }
@@ -354,6 +359,15 @@ impl Device {
                 self.dispatch(request, slot, step)?;
                 progressed = true;
             }
+            if !progressed && self.healed {
+                // The app shows a pause; once the world is healed the user presses Resume.
+                if let Some(spool) = self.spool.as_ref()
+                    && matches!(spool.state().state, DeliveryState::Paused { .. })
+                {
+                    spool.resume();
+                    progressed = true;
+                }
+            }
             if !progressed {
                 if moved {
                     self.check()?;
@@ -434,6 +448,30 @@ impl Device {
         }
     }
 
+    /// The dead letters a purge about to run may delete: gone by choice, not lost.
+    fn note_purgeable(&mut self) {
+        let Some(spool) = self.spool() else { return };
+        if let Ok(list) = spool.quarantine_list(&ListFilter::default()) {
+            self.purgeable.extend(list.into_iter().map(|q| q.event_id));
+        }
+    }
+
+    /// An event of a `track_batch` whose error did not name it: its payload says which it is.
+    fn learn_id(&mut self, id: &str, event: &Value) {
+        let Some(idx) = event["properties"]["p"]
+            .as_str()
+            .and_then(|p| p.strip_prefix("SIMPAYLOAD-"))
+            .and_then(|p| p.trim_end_matches('-').parse::<usize>().ok())
+        else {
+            return;
+        };
+        let placeholder = format!("unnamed-{idx}");
+        if self.by_id.remove(&placeholder).is_some() {
+            self.events[idx].id = id.to_string();
+            self.by_id.insert(id.to_string(), idx);
+        }
+    }
+
     /// Carries out one step of the plan.
     fn apply(&mut self, s: &Step, step: u64) -> Result<(), Finding> {
         self.trace.line(self.now(), format_args!("{s:?}"));
@@ -467,13 +505,21 @@ impl Device {
                     .map(|i| self.new_event("ok", When::Now, first + i))
                     .collect();
                 let ts = self.wall();
-                let ids = match spool.track_batch(&batch) {
-                    Ok(ids) => ids,
-                    Err(eventspool::Error::NotDurable { event_ids, .. }) => event_ids,
-                    Err(_) => Vec::new(),
-                };
-                for id in ids {
-                    self.record(id.to_string(), false, ts, step);
+                match spool.track_batch(&batch) {
+                    Ok(ids) => {
+                        for id in ids {
+                            self.record(id.to_string(), false, ts, step);
+                        }
+                    }
+                    // The whole batch is recorded; the error names only the events memory
+                    // holds (the others are on disk). Those are learnt from their payload
+                    // when they reach the collector.
+                    Err(eventspool::Error::NotDurable { .. }) => {
+                        for i in 0..batch.len() {
+                            self.record(format!("unnamed-{}", first + i), false, ts, step);
+                        }
+                    }
+                    Err(_) => {}
                 }
             }
             Step::Persist => {
@@ -536,6 +582,7 @@ impl Device {
                 self.mark_redriven();
             }
             Step::PurgeQuarantine => {
+                self.note_purgeable();
                 let _ = spool.quarantine_purge(&Selector::All);
             }
             Step::ClearDirective => {
@@ -670,6 +717,9 @@ impl Device {
         let mut first_ts: [Option<i64>; 2] = [None; 2];
         for e in parsed["batch"].as_array().into_iter().flatten() {
             let id = e["event_id"].as_str().unwrap_or_default().to_string();
+            if !self.by_id.contains_key(&id) {
+                self.learn_id(&id, e);
+            }
             let Some(&idx) = self.by_id.get(&id) else {
                 return Err(format!(
                     "the collector got an id the app never tracked: {id}"
@@ -862,6 +912,9 @@ impl Device {
             .retry_after_s
             .map(|s| now + (s * SECOND_MS).min(RETRY_AFTER_CAP_MS));
         if let Some((id, redrive, pause)) = f.directive {
+            // A directive may purge dead letters (once per id): what the quarantine holds now
+            // may be gone by the collector's choice.
+            self.note_purgeable();
             if self.directive_ids.insert(id) {
                 if redrive {
                     self.redrives += 1;
@@ -933,6 +986,11 @@ impl Device {
                 "the spool counts {} delivered but the collector acknowledged {} in answers it read whole",
                 st.delivered, self.acks
             ));
+        }
+        // The files' sizes every 8th check: two stat calls each, the most costly check.
+        self.checks += 1;
+        if self.checks % 8 != 0 {
+            return Ok(());
         }
         let on_disk = eventspool::disk_usage(&self.db);
         if on_disk > self.config.max_disk_bytes {
@@ -1064,6 +1122,7 @@ impl Device {
                 !(self.collector.stored.contains_key(&e.id)
                     || quarantined.contains(&e.id)
                     || heard.dropped.contains_key(&e.id)
+                    || self.purgeable.contains(&e.id)
                     || e.exposed)
             })
             .map(|(idx, _)| idx)

@@ -92,8 +92,9 @@ pub fn draw(rng: &mut fastrand::Rng, hours: u64) -> Plan {
     let mut plan = Vec::new();
     let mut t = 0;
     loop {
-        // About one step a minute: a busy app's day in a few thousand steps.
-        t += rng.u64(1..=2 * MINUTE_MS);
+        // About one step every four minutes: an app's day in some three hundred and fifty steps
+        // (bursts and batches make each step many events).
+        t += rng.u64(1..=8 * MINUTE_MS);
         if t >= end {
             break;
         }
@@ -122,8 +123,13 @@ fn step(rng: &mut fastrand::Rng) -> Step {
         },
         380..430 => Step::Batch { n: rng.u32(1..=40) },
         430..460 => Step::Critical,
-        460..475 => Step::Burst {
-            n: rng.u32(200..=1_500),
+        460..463 => Step::Burst {
+            n: rng.u32(200..=1_200),
+        },
+        463..475 => Step::Track {
+            n: 1,
+            name: "ok",
+            when: When::Now,
         },
         475..490 => Step::Persist,
         490..560 => Step::Online(rng.u32(0..3) > 0),

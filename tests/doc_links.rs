@@ -139,12 +139,14 @@ fn percent_decode(s: &str) -> String {
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
-        if bytes[i] == b'%' && i + 2 < bytes.len() {
-            if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
-                out.push(v);
-                i += 3;
-                continue;
-            }
+        if bytes[i] == b'%'
+            && i + 2 < bytes.len()
+            && let Ok(hex) = std::str::from_utf8(&bytes[i + 1..i + 3])
+            && let Ok(v) = u8::from_str_radix(hex, 16)
+        {
+            out.push(v);
+            i += 3;
+            continue;
         }
         out.push(bytes[i]);
         i += 1;
@@ -166,14 +168,13 @@ fn links(text: &str) -> Vec<Link> {
     for (n, line) in prose_lines(text) {
         let line = strip_inline_code(line);
         let trimmed = line.trim_start();
-        if let Some(rest) = trimmed.strip_prefix('[') {
-            if let Some(end) = rest.find("]:") {
-                if !rest[..end].contains('[') {
-                    let target = rest[end + 2..].split_whitespace().next().unwrap_or("");
-                    push_if_relative(&mut out, n, target);
-                    continue;
-                }
-            }
+        if let Some(rest) = trimmed.strip_prefix('[')
+            && let Some(end) = rest.find("]:")
+            && !rest[..end].contains('[')
+        {
+            let target = rest[end + 2..].split_whitespace().next().unwrap_or("");
+            push_if_relative(&mut out, n, target);
+            continue;
         }
         let mut from = 0;
         while let Some(at) = line[from..].find("](") {

@@ -1,4 +1,4 @@
-//! Sizing figure for README "Collecting at scale": events/s one JetStream collector handles
+//! Sizing figure for docs/scale.md: events/s one JetStream collector handles
 //! with the broker in the same run, beside two baselines measured the same way: JetStream
 //! itself (publish + ack from a Rust client, no HTTP) and the SQLite reference collector.
 //!

@@ -1,5 +1,5 @@
 //! A stateless collector process publishing to NATS JetStream, the unit of the topology in the
-//! README's "Collecting at scale": run several behind a load balancer, stop or kill any of them.
+//! docs/scale.md: run several behind a load balancer, stop or kill any of them.
 //!
 //! `jetstream_collector --nats URL[,URL...] [--listen ADDR:PORT] [--keys FILE] [--stream NAME]
 //!  [--subject SUBJECT] [--reports-stream NAME] [--reports-subject SUBJECT]

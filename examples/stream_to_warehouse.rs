@@ -1,7 +1,6 @@
 //! The warehouse stage's loader: reads a JetStream stream of eventspool events and writes one
 //! JSON line per message for ClickHouse (`FORMAT JSONEachRow`), as `warehouse_chdb.py` loads
-//! them into a `ReplacingMergeTree ORDER BY (project, event_id)` table (README "Collecting at
-//! scale").
+//! them into a `ReplacingMergeTree ORDER BY (project, event_id)` table (docs/scale.md).
 //!
 //! `stream_to_warehouse --nats nats://127.0.0.1:4222 [--stream NAME] [--from-seq N]`
 //! `stream_to_warehouse --nats URL --reports [--stream EVENTSPOOL_REPORTS]`

@@ -55,7 +55,7 @@ pub struct StoreStatus {
     /// Tracking consent as recorded (README §Consent); `None` for a store that predates it and
     /// was not opened by a spool since.
     pub consent: Option<crate::Consent>,
-    /// Of `pending`, the events in the critical lane (README §Critical lane).
+    /// Of `pending`, the events in the critical lane (docs/critical-lane.md).
     pub pending_critical: u64,
     /// The schema version the file holds. Below [`SCHEMA_VERSION`] (a store an earlier release
     /// wrote that no spool of this one opened yet) the figures are read from a copy upgraded in

@@ -1,4 +1,4 @@
-//! Configuration: every knob of README §Configuration, its default, and the rules that refuse a bad
+//! Configuration: every knob of docs/configuration.md, its default, and the rules that refuse a bad
 //! value.
 //!
 //! One home for all of it: the Rust builder, the FFI config record and the CLI's `--set name=value`
@@ -41,7 +41,7 @@ pub enum Durability {
     Always,
 }
 
-/// The one table of settings (README §Configuration): name, Rust type, default, doc, and the
+/// The one table of settings (docs/configuration.md): name, Rust type, default, doc, and the
 /// type the FFI record carries when the app sets it. It hands the rows to the macro `$then`,
 /// which generates what it needs from them: here the [`Config`] struct, [`CONFIG_NAMES`],
 /// [`Config::new`], [`Config::set`] and `Debug`; in the UniFFI surface the `SpoolConfig` record,
@@ -166,12 +166,12 @@ macro_rules! define_config {
             $( $(#[$meta])* pub $name: $ty, )*
         }
 
-        /// Every name [`Config::set`] accepts, in README §Configuration order (the CLI lists them
+        /// Every name [`Config::set`] accepts, in docs/configuration.md order (the CLI lists them
         /// in its help).
         pub const CONFIG_NAMES: &[&str] = &[stringify!($req), $(stringify!($name)),*];
 
         impl Config {
-            /// The defaults of README §Configuration with the one required field.
+            /// The defaults of docs/configuration.md with the one required field.
             pub fn new($req: impl Into<String>) -> Config {
                 Config {
                     $req: $req.into(),
@@ -179,7 +179,7 @@ macro_rules! define_config {
                 }
             }
 
-            /// Sets one field from its README §Configuration name and a textual value, as the
+            /// Sets one field from its docs/configuration.md name and a textual value, as the
             /// CLI and bindings do.
             pub fn set(&mut self, name: &str, value: &str) -> Result<(), ConfigError> {
                 match name {
@@ -548,24 +548,19 @@ mod tests {
         assert!(text.contains("https://x.example"), "{text}");
     }
 
-    /// README §Configuration is the contract apps read: its table lists exactly the settings
+    /// docs/configuration.md is the contract apps read: its table lists exactly the settings
     /// the table in this file generates, in the same order.
     #[test]
-    fn readme_table_lists_exactly_the_settings() {
-        let readme = include_str!("../README.md");
-        let section = readme
-            .split("\n## Configuration\n")
-            .nth(1)
-            .expect("README has a Configuration section");
-        let section = section.split("\n## ").next().unwrap();
+    fn configuration_doc_table_lists_exactly_the_settings() {
+        let doc = include_str!("../docs/configuration.md");
         let mut listed = Vec::new();
-        for row in section.lines().filter(|l| l.starts_with("| `")) {
+        for row in doc.lines().filter(|l| l.starts_with("| `")) {
             let first_cell = row.split('|').nth(1).unwrap();
             listed.extend(first_cell.split('`').skip(1).step_by(2));
         }
         assert_eq!(
             listed, CONFIG_NAMES,
-            "README §Configuration vs config_table!"
+            "docs/configuration.md vs config_table!"
         );
     }
 

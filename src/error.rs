@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-/// A configuration value the SDK refuses, with the README §Configuration name of the field.
+/// A configuration value the SDK refuses, with the docs/configuration.md name of the field.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ConfigError {

@@ -41,7 +41,7 @@ impl std::fmt::Display for EventId {
     }
 }
 
-/// Which lane an event travels in (README §Critical lane). Critical events are durable before
+/// Which lane an event travels in (docs/critical-lane.md). Critical events are durable before
 /// `track()` returns, skip `flush_at` and the throttle, go before the normal backlog and are
 /// evicted last at the disk cap; within each lane the order is the timestamp's.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -90,7 +90,7 @@ pub struct NewEvent {
     /// RFC 3339; any offset is accepted and normalized to UTC milliseconds.
     pub timestamp: Option<String>,
     pub session_id: Option<String>,
-    /// Normal (default) or critical (README §Critical lane).
+    /// Normal (default) or critical (docs/critical-lane.md).
     pub priority: Priority,
 }
 
@@ -226,7 +226,7 @@ pub struct QueuedEvent {
     /// Of those, the ones that got no answer (timeout, connection dropped): the effect is
     /// unknown. Past `max_event_sends` the event is isolated and quarantined (`max_sends`).
     pub unanswered: u32,
-    /// In the critical lane (README §Critical lane): delivered before the normal backlog.
+    /// In the critical lane (docs/critical-lane.md): delivered before the normal backlog.
     pub critical: bool,
 }
 

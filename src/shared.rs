@@ -113,7 +113,7 @@ pub struct Shared {
     pub wake: tokio::sync::Notify,
     /// Set by `track()` when `flush_at` is reached, so only the first such call wakes the worker.
     pub flush_at_reached: AtomicBool,
-    /// Set by `track()` for a critical event (README §Critical lane): the worker starts a drain
+    /// Set by `track()` for a critical event (docs/critical-lane.md): the worker starts a drain
     /// at once and skips the throttle; it clears this before it assembles the next batch, which
     /// then holds the critical events first.
     pub critical_waiting: AtomicBool,

@@ -392,7 +392,7 @@ impl EventSpool {
     /// Records an event with any of its optional fields set by the caller. A critical event
     /// ([`Priority::Critical`]) is in the store before this returns, as with `durability =
     /// always` (memory-only spools have no store: it is queued first in memory), and starts a
-    /// drain at once (README §Critical lane).
+    /// drain at once (docs/critical-lane.md).
     pub fn track_event(&self, event: NewEvent) -> Result<EventId> {
         self.track_fields(event.fields())
     }

@@ -13,7 +13,8 @@
 #   eventspool-jvm.jar       the Kotlin layer + generated bindings + the host library at JNA's
 #                            resource path (<os>-<arch>/), for desktop apps and JVM unit tests
 #
-# The Android libraries come from a release job with the Android NDK (see README §Mobile):
+# The Android libraries come from a release job with the Android NDK (docs/bindings.md
+# §Android and iOS builds):
 # this machine cannot link for bionic. --abi refuses a library linked against glibc (the host's);
 # --host-test packs the host library under jni/x86_64/ all the same, to check the layout, and
 # names the file eventspool-android-host-test.aar so it is never mistaken for a release. Every
@@ -80,7 +81,7 @@ for pair in "${abis[@]}"; do
     # library of --host-test is a 4 KB-aligned glibc build and is only reported.
     if ! bash bindings/android/check-page-alignment.sh "$lib"; then
         if [[ $host_test -eq 0 ]]; then
-            echo "build-aar.sh: --abi $abi: '$lib' is not aligned for 16 KB pages (README §Android and iOS builds: the NDK command)" >&2
+            echo "build-aar.sh: --abi $abi: '$lib' is not aligned for 16 KB pages (docs/bindings.md §Android and iOS builds: the NDK command)" >&2
             exit 2
         fi
         echo "build-aar.sh: (--host-test: the host library is packed all the same, to check the layout)" >&2

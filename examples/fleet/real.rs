@@ -1,10 +1,9 @@
-//! `fleet --real`: the reconnect herd against the real topology of README "Collecting at
-//! scale" instead of the model: a nats-server with JetStream, three JetStream collectors, and a
-//! few thousand simulated clients that were offline together and reconnect within a second,
-//! each sending its backlog of batches and retrying with the SDK's own full jitter
-//! (`eventspool::retry`). First the collectors' capacity is measured in the same run (enough
-//! clients in a closed loop to keep them busy); the herd's peak request rate is then reported
-//! against it: the herd figure, real instead of modelled.
+//! `fleet --real`: the reconnect herd against the real topology of docs/scale.md instead of the
+//! model: a nats-server with JetStream, three JetStream collectors, and a few thousand simulated
+//! clients that were offline together and reconnect within a second, each sending its backlog of
+//! batches and retrying with the SDK's own full jitter (`eventspool::retry`). First the collectors'
+//! capacity is measured in the same run (enough clients in a closed loop to keep them busy); the
+//! herd's peak request rate is then reported against it: the herd figure, real instead of modelled.
 //!
 //! Clients spread over the collectors round-robin on their own (a load balancer's job; the
 //! topology test puts nginx there), open a fresh connection per request as a phone coming

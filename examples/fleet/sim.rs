@@ -69,7 +69,8 @@ pub struct Params {
 
 impl Params {
     /// The client side with the retry values of the original contract (cap 30 s, 5 attempts,
-    /// 300 s), not today's defaults (15 s, 10, 60 s: README §Configuration and §Decisions).
+    /// 300 s), not today's defaults (15 s, 10, 60 s: docs/configuration.md and
+    /// docs/decisions/0049).
     pub fn new(clients: usize, capacity_per_s: u64, jitter: Jitter) -> Params {
         Params {
             clients,

@@ -289,3 +289,21 @@ fn a_directive_keeps_its_time_left_across_a_restart() {
     assert_eq!(fleet.screen("spam", false, || 5 + HOUR / 2), Screen::Keep);
     assert!(fleet.in_force(5 + HOUR / 2, WALL - year).is_none());
 }
+
+/// Issue 23, point 4: the install id is drawn from the OS's generator, not from one the
+/// process seeds (a time-seeded generator, or `fastrand`'s, which any code in the process may
+/// seed): two ids drawn after the process's generator was seeded alike still differ.
+#[test]
+fn install_ids_come_from_the_os_not_from_a_seeded_generator() {
+    let dir = tempfile::tempdir().unwrap();
+    let q = stored_queue(dir.path());
+    fastrand::seed(7);
+    let first = new_install_id(&q).expect("an id");
+    fastrand::seed(7);
+    let second = new_install_id(&q).expect("an id");
+    assert_eq!(first.len(), 32, "128 bits as hex: {first}");
+    assert_ne!(
+        first, second,
+        "the same id twice after the same seed: it comes from the process's generator"
+    );
+}

@@ -1,6 +1,6 @@
 //! The transitions as tables: each row is (start, input, actions, next state), where the start
 //! is a list of inputs fed to a fresh machine, and actions and state are written the way
-//! docs/delivery.md and README's state table name them. Times are relative to the row's input:
+//! docs/delivery.md and docs/states.md name them. Times are relative to the row's input:
 //! `+1000` is a second after it. No runtime, no sockets, no threads: the inputs are the answers a
 //! driver would give, the HTTP answers go through the real [`crate::classify::classify`].
 
@@ -542,7 +542,7 @@ fn disabled() -> Vec<In> {
     vec![Enabled(false)]
 }
 
-/// docs/delivery.md §States and README's "Delivery states" table, arrow by arrow.
+/// docs/delivery.md §States and the table of docs/states.md, arrow by arrow.
 #[test]
 fn the_state_table_row_by_row() {
     let rows = [
@@ -2045,7 +2045,7 @@ fn consent_row_by_row() {
     assert_eq!(drive(policy(), &rows), rows.len());
 }
 
-/// README §Critical lane: a critical event starts a drain without `flush_at` or the timer, and
+/// docs/critical-lane.md: a critical event starts a drain without `flush_at` or the timer, and
 /// the next batch is asked for without the throttle; a backoff still holds.
 #[test]
 fn critical_lane_row_by_row() {

@@ -321,6 +321,32 @@ fn a_critical_event_waits_for_its_own_chunk_not_the_whole_backlog() {
     f.check().unwrap();
 }
 
+/// Defect 5: a critical caller with `durability = spill` writes only its own event, in a
+/// commit of its own: not a chunk of the backlog in front of it, which stays for the spill
+/// thread.
+#[test]
+fn a_critical_caller_behind_a_backlog_writes_only_its_own_event() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = Faulty::open(dir.path(), 64 << 20, params_of(100, Durability::Spill));
+    f.track(padded(1, 9_100, 50));
+    assert_eq!(f.q.memory().spill_len(), 9_000);
+    f.counters.entered(Entry::Tracked, 1);
+    assert_eq!(f.q.push_durably([event_of(20_000, 50, true)]), Ok(()));
+    assert_eq!(
+        f.store().len(),
+        1,
+        "the critical caller wrote rows of the backlog before it returned"
+    );
+    let critical = f.column_on_disk("SELECT event_id FROM events WHERE lane = 0");
+    assert_eq!(critical.len(), 1, "its own row is on disk");
+    assert_eq!(
+        f.q.memory().spill_len(),
+        9_000,
+        "the backlog waits for the spill thread"
+    );
+    f.check().unwrap();
+}
+
 /// Defect 9: rows found undecryptable go to the quarantine, and what that evicts from it is
 /// counted `quarantine_cap` in the ledger as in the store.
 #[test]

@@ -97,9 +97,9 @@ impl Ordered {
         self.events.partition_point(|e| e.lane() == LANE_CRITICAL)
     }
 
-    /// Removes the `n` events that leave memory first when it is full, in that order: the oldest
-    /// of the normal lane, then critical ones only when no normal event is left (README
-    /// §Critical lane: critical events are evicted last).
+    /// Removes the `n` events that leave memory first when it is full, in that order: the oldest of
+    /// the normal lane, then critical ones only when no normal event is left
+    /// (docs/critical-lane.md: critical events are evicted last).
     pub fn evict(&mut self, n: usize) -> impl Iterator<Item = QueuedEvent> + '_ {
         let n = n.min(self.events.len());
         let critical = self.critical_count();

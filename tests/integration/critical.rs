@@ -1,4 +1,4 @@
-//! The critical lane (README §Critical lane): durable before `track()` returns, past
+//! The critical lane (docs/critical-lane.md): durable before `track()` returns, past
 //! `flush_at` and the throttle, ahead of the normal backlog, evicted last at the disk cap, and
 //! in timestamp order within each lane.
 

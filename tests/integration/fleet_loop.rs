@@ -1,4 +1,4 @@
-//! The fleet loop end to end (README "Decisions": "The fleet loop"): 50 spools on one reference
+//! The fleet loop end to end (docs/decisions/0060): 50 spools on one reference
 //! collector whose "bug" refuses every event with a `coupon` property. Each device quarantines
 //! those events and reports it; the collector's totals show the leak; the bug is fixed and the
 //! collector sends `redrive: ["bad_request"]`; every device redrives, and in the end the

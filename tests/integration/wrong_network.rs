@@ -1,4 +1,4 @@
-//! Answers from a network that is wrong, not hostile (README §Decisions): a proxy refusing
+//! Answers from a network that is wrong, not hostile (docs/decisions/0045): a proxy refusing
 //! every body as too large pauses the spool with every event kept, after a handful of requests.
 
 use eventspool::{DeliveryState, PauseReason};

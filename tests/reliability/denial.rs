@@ -192,6 +192,128 @@ fn no_send_starts_after_a_denial_returned_and_nothing_stays_on_disk() {
     );
 }
 
+/// Holds the worker the `at`-th time it shows `Sending` (it has taken a batch and is about to
+/// hand it to the transport) until the test lets it go: the app's denial then lands exactly
+/// between taking a batch and sending it, the ordering the offsets above rarely hit.
+struct HoldAtSending {
+    at: u64,
+    seen: AtomicU64,
+    reached: Mutex<Option<std::sync::mpsc::Sender<()>>>,
+    release: Mutex<Option<std::sync::mpsc::Receiver<()>>>,
+}
+
+impl eventspool::DeliveryObserver for HoldAtSending {
+    fn on_state(&self, status: &eventspool::DeliveryStatus) {
+        if status.state != DeliveryState::Sending {
+            return;
+        }
+        if self.seen.fetch_add(1, Ordering::SeqCst) + 1 != self.at {
+            return;
+        }
+        let reached = self.reached.lock().unwrap().take().expect("held once");
+        let release = self.release.lock().unwrap().take().expect("released once");
+        reached.send(()).unwrap();
+        release
+            .recv_timeout(WAIT)
+            .expect("the test releases the worker");
+    }
+}
+
+/// 20 rounds (more with `EVENTSPOOL_DENIAL_ROUNDS`) through the held transport: the worker is
+/// stopped between taking its batch and sending it, after 0 to 3 requests of 400 ms went
+/// through, and the app denies right then. No request starts after `set_consent(Denied)`
+/// returned; each event was delivered before the denial or deleted; the store directory keeps
+/// no byte of a tracked value.
+#[test]
+fn a_denial_between_taking_a_batch_and_sending_it_starts_no_request() {
+    let rounds = env_count("EVENTSPOOL_DENIAL_ROUNDS", 20);
+    let collector = ReferenceCollector::start(CollectorConfig::default()).expect("collector");
+    let mut late = Vec::new();
+    for round in 0..rounds {
+        let dir = tempfile::tempdir().unwrap();
+        let mark = format!("denial-held-secret-{round:03}");
+        let open = Arc::new(AtomicU64::new(0));
+        let transport = Arc::new(HeldTransport {
+            starts: Mutex::new(Vec::new()),
+            open: open.clone(),
+        });
+        let (reached_tx, reached) = std::sync::mpsc::channel();
+        let (release, release_rx) = std::sync::mpsc::channel();
+        let before = round % 4;
+        let hold = Arc::new(HoldAtSending {
+            at: before + 1,
+            seen: AtomicU64::new(0),
+            reached: Mutex::new(Some(reached_tx)),
+            release: Mutex::new(Some(release_rx)),
+        });
+        let mut c = Config::new(collector.url());
+        c.db_path = Some(dir.path().join("events.db"));
+        c.memory_capacity = 10;
+        c.max_batch_events = 4;
+        c.min_batch_interval_ms = 0;
+        c.flush_at = 1_000;
+        c.compression = eventspool::Compression::None;
+        let spool = EventSpool::builder(c)
+            .transport(transport.clone())
+            .observer(hold)
+            .open()
+            .unwrap();
+        for i in 0..40 {
+            spool
+                .track("private", json!({ "secret": format!("{mark}-{i:02}") }))
+                .unwrap();
+        }
+        spool.persist().unwrap();
+        spool.flush();
+        reached
+            .recv_timeout(WAIT)
+            .expect("the worker takes a batch");
+        assert_eq!(
+            transport.starts.lock().unwrap().len() as u64,
+            before,
+            "round {round}: requests before the held one"
+        );
+        spool.set_consent(Consent::Denied).unwrap();
+        let returned = Instant::now();
+        release.send(()).unwrap();
+        wait_state(&spool, DeliveryState::Disabled);
+        wait_until("the worker to settle", || spool.stats().pending == 0);
+        wait_until("no request open", || open.load(Ordering::SeqCst) == 0);
+        let after = transport
+            .starts
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|t| **t > returned)
+            .count();
+        if after > 0 {
+            late.push((round, before, after));
+        }
+        let stats = spool.stats();
+        assert_eq!(
+            stats.delivered + stats.dropped(DropReason::ConsentDenied),
+            40,
+            "round {round}: each event sent before the denial or deleted: {stats:?}"
+        );
+        let hits = files_holding(dir.path(), &mark);
+        assert!(
+            hits.is_empty(),
+            "round {round}: tracked values left in {hits:?}"
+        );
+        spool.shutdown(WAIT).unwrap();
+        let hits = files_holding(dir.path(), &mark);
+        assert!(
+            hits.is_empty(),
+            "round {round}: after shutdown, left in {hits:?}"
+        );
+    }
+    assert!(
+        late.is_empty(),
+        "requests started after set_consent(Denied) returned (round, requests before the held \
+         one, requests after): {late:?}"
+    );
+}
+
 fn wait_state(spool: &EventSpool, want: DeliveryState) {
     spool
         .wait_for(WAIT, |s| s.state == want)

@@ -4,7 +4,8 @@
 //! back, purge, quarantine redrive and purge, reopen on the same file, a disk kept near its cap;
 //! the collector answering 2xx, partial `rejected`, 400, 413, 503, store-then-drop and never;
 //! the store's writes failing: "the next K writes fail" (`SQLITE_IOERR`) and "the disk is full
-//! until step M" (`SQLITE_FULL` for every write that grows a file), through the store's own
+//! until step M" (`SQLITE_FULL` for every write that grows a file), and in replays "the N-th
+//! write from now fails" (a write of several transactions fails part-way), through the store's own
 //! fault point, `StoreFaults`; space returns before a reopen and at the end).
 //! After every step, once the worker has settled, it checks what the README promises:
 //!
@@ -179,6 +180,12 @@ enum Op {
     Reopen,
     /// The next this many writes of the store fail (`SQLITE_IOERR`).
     FailWrites(u8),
+    /// The this-many-th write of the store from now fails (`SQLITE_IOERR`), the ones before it
+    /// pass: a write of several transactions fails after some of them committed. In replays
+    /// only, not drawn: with `durability = always` a `track_batch` whose commit fails part-way
+    /// returns `NotDurable` naming only the events left in memory, and this model learns a
+    /// batch's ids from what `track_batch` returns, so it would not know the others.
+    FailWriteAt(u8),
     /// The disk is full (`SQLITE_FULL`) for this many steps (or until a reopen).
     DiskFull(u8),
 }
@@ -221,6 +228,7 @@ impl fmt::Display for Op {
             Op::Advance(hours) => write!(f, "advance:{hours}h"),
             Op::Reopen => f.write_str("reopen"),
             Op::FailWrites(k) => write!(f, "fail:{k}"),
+            Op::FailWriteAt(n) => write!(f, "failat:{n}"),
             Op::DiskFull(steps) => write!(f, "full:{steps}"),
         }
     }
@@ -286,6 +294,7 @@ fn parse_op(token: &str) -> Result<Op, String> {
         ),
         "reopen" => Op::Reopen,
         "fail" => Op::FailWrites(arg.parse().map_err(|e| format!("fail '{arg}': {e}"))?),
+        "failat" => Op::FailWriteAt(arg.parse().map_err(|e| format!("failat '{arg}': {e}"))?),
         "full" => Op::DiskFull(arg.parse().map_err(|e| format!("full '{arg}': {e}"))?),
         other => return Err(format!("unknown operation '{other}'")),
     })
@@ -788,6 +797,11 @@ impl Harness {
                 self.faults
                     .fail_next(FaultSite::Write, u64::from(*k), FaultError::IoErr);
             }
+            Op::FailWriteAt(n) => {
+                self.faulted = true;
+                self.faults
+                    .fail_nth(FaultSite::Write, u64::from(*n), FaultError::IoErr);
+            }
             Op::DiskFull(steps) => {
                 self.faulted = true;
                 self.faults.fill_disk(FaultError::Full);
@@ -1240,6 +1254,17 @@ fn model_replay_a_refused_purge_keeps_the_dead_letters_held_in_memory() {
     replay("spill: fail:3 track:reject purge_quarantine track:ok");
 }
 
+/// The store's fault steps: a `persist()` of six 1.5 KB events is three transactions at the
+/// model's cap; the second write fails after the first transaction committed. Those two events
+/// are on disk only, not also handed back to memory.
+#[test]
+fn model_replay_a_persist_failing_part_way_keeps_what_committed_on_disk_only() {
+    replay(
+        "spill: offline track:ok+big track:ok+big track:ok+big track:ok+big track:ok+big \
+         track:ok+big failat:2 persist online flush",
+    );
+}
+
 /// Replays the case in `EVENTSPOOL_MODEL_CASE` (as a failure prints it), for diagnosis:
 /// `EVENTSPOOL_MODEL_CASE="spill: track:ok offline" cargo test --all-features --test reliability
 /// model_replay_from_env -- --ignored --nocapture`.
@@ -1254,9 +1279,9 @@ fn model_replay_from_env() {
 fn model_case_text_round_trips() {
     let text = "always: track:ok track:reject+big@31h burst:ok,poison+big persist offline online \
                 flush retry_now dismiss purge_pending redrive purge_quarantine script:503,400,413,drop,hang \
-                long_reasons short_reasons advance:29h reopen fail:3 full:2";
+                long_reasons short_reasons advance:29h reopen fail:3 failat:4 full:2";
     let case = parse_case(text).expect("parses");
-    assert_eq!(case.ops.len(), 19);
+    assert_eq!(case.ops.len(), 20);
     let again = parse_case(format!("{case:?}").trim_matches('"')).expect("parses again");
     assert_eq!(again, case);
 }

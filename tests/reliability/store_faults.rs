@@ -710,3 +710,90 @@ fn a_disk_that_fills_during_a_spill_leaves_every_event_delivered_once_or_counted
     spool.shutdown(Duration::from_secs(5)).unwrap();
     integrity_ok(&fs.path().join("events.db")).unwrap();
 }
+
+/// A real file system with room for part of a spill chunk: the disk is filled while tracking
+/// goes on, so the spill thread's next chunk is a full 1,000 events (about 250 KB, four
+/// transactions at a 2 MiB cap); then 150 KB are freed and the chunk is written. Its first
+/// transactions commit, a later one meets the full disk. Those events are on disk only: what
+/// memory and the store hold is what is pending (none in both), and once space returns each
+/// event is delivered once or counted.
+#[test]
+fn a_spill_chunk_the_disk_takes_part_of_leaves_each_event_in_one_place() {
+    let fs = TinyFs::mount(4 * 1024 * 1024);
+    let collector = ReferenceCollector::start(CollectorConfig::default()).unwrap();
+    let mut c = fast_config(&collector.url());
+    c.db_path = Some(fs.path().join("events.db"));
+    c.max_disk_bytes = 2 << 20;
+    c.memory_capacity = 100;
+    let spool = EventSpool::builder(c).start_offline().open().unwrap();
+    let track = |from: u64, n: u64| {
+        for i in from..from + n {
+            spool
+                .track("burst", json!({"i": i, "pad": "x".repeat(120)}))
+                .unwrap();
+        }
+    };
+    track(0, 200);
+    spool.persist().unwrap();
+    let filler = fill(fs.path());
+    // The spill thread meets the full disk and the backlog grows past a chunk.
+    track(200, 3_000);
+    let _ = spool.persist();
+    let wait_errors = |more_than: u64| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while spool.stats().store_errors <= more_than {
+            assert!(std::time::Instant::now() < deadline, "no store error");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    };
+    wait_errors(0);
+    let before = spool.stats();
+    // Room for part of the next chunk; one more event wakes the spill thread.
+    let free = 150 * 1024;
+    let len = std::fs::metadata(&filler).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&filler)
+        .unwrap()
+        .set_len(len.saturating_sub(free))
+        .unwrap();
+    track(3_200, 1);
+    wait_errors(before.store_errors);
+    let after = spool.stats();
+    assert!(
+        after.pending_disk > before.pending_disk,
+        "nothing of the chunk committed (the test proves nothing): before {before:?}, after {after:?}"
+    );
+    assert!(after.balances(), "{after:?}");
+    assert_eq!(
+        after.pending_memory + after.pending_disk,
+        after.pending,
+        "memory and the store hold more than is pending: the committed part of the chunk is in \
+         both (before {before:?}, after {after:?})"
+    );
+    std::fs::remove_file(&filler).unwrap();
+    spool.persist().unwrap();
+    spool.set_online(true);
+    assert!(
+        spool.wait_drained(Duration::from_secs(60)),
+        "did not drain once space returned: {:?}",
+        spool.stats()
+    );
+    let stats = spool.stats();
+    assert_eq!(
+        3_201,
+        stats.delivered + stats.dropped_from_queue(),
+        "tracked = delivered + dropped: {stats:?}"
+    );
+    assert_eq!(collector.distinct_count(), stats.delivered, "{stats:?}");
+    assert_eq!(
+        collector.received_count(),
+        collector.distinct_count(),
+        "an event arrived twice"
+    );
+    eprintln!(
+        "part of a spill chunk on disk: {} rows before, {} after; {} delivered, dropped {:?}",
+        before.pending_disk, after.pending_disk, stats.delivered, stats.dropped
+    );
+    spool.shutdown(Duration::from_secs(5)).unwrap();
+}

@@ -185,7 +185,7 @@ impl Drop for CollectorProcess {
     }
 }
 
-/// nginx in front of the collectors as README "Collecting at scale" configures it: round
+/// nginx in front of the collectors as docs/scale.md configures it: round
 /// robin; a connect error (a killed or drained collector refuses) is retried on the next
 /// collector; a request already sent is never re-sent by nginx (POST), the client does that;
 /// and no collector is ever benched for failed requests (`max_fails=0`): an answer dropped

@@ -1,4 +1,4 @@
-//! Collecting at scale on one machine (README "Collecting at scale"): a real
+//! Collecting at scale on one machine (docs/scale.md): a real
 //! `nats-server` with JetStream, stateless collectors publishing to it, nginx balancing across
 //! them, real spools tracking through it, and a consumer reading the whole stream at the end.
 //!

@@ -1,5 +1,5 @@
 //! The UniFFI surface that Kotlin, Swift and Python apps see: one object ([`EventSpool`]), a
-//! config record named as README §Configuration, plain records for state and stats, two foreign
+//! config record named as docs/configuration.md, plain records for state and stats, two foreign
 //! traits ([`DeliveryObserver`], [`HttpTransport`]) and two error enums.
 //!
 //! This crate only converts: the core stays free of UniFFI types, and every rule lives there.
@@ -44,7 +44,7 @@ use eventspool::{Compression, Config, Durability, EncryptionKeys, SettingValue};
 /// Swift or Python; messages never hold the API key or an event payload.
 #[derive(Debug, PartialEq, Eq, thiserror::Error, uniffi::Error)]
 pub enum SpoolError {
-    /// A configuration value was refused; `field` is its README §Configuration name.
+    /// A configuration value was refused; `field` is its docs/configuration.md name.
     #[error("invalid configuration: {field}: {reason}")]
     InvalidConfig { field: String, reason: String },
     /// The event was refused at `track` (bad name, properties not a JSON object, bad id...).
@@ -166,7 +166,7 @@ macro_rules! define_spool_config {
         required { $(#[$rmeta:meta])* $req:ident: $rty:ty; }
         optional { $( $(#[$meta:meta])* $name:ident: $ty:ty = $default:expr, ffi $fty:ty, $show:ident; )* }
     ) => {
-        /// The configuration of README §Configuration. Every field but `endpoint` is optional:
+        /// The configuration of docs/configuration.md. Every field but `endpoint` is optional:
         /// absent means the documented default. `Debug` never shows the API key.
         #[derive(Clone, Default, uniffi::Record)]
         pub struct SpoolConfig {

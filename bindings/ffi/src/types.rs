@@ -162,7 +162,7 @@ impl DrainOutcome {
     }
 }
 
-/// The lane an event travels in (README §Critical lane).
+/// The lane an event travels in (docs/critical-lane.md).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, uniffi::Enum)]
 pub enum Priority {
     Normal,

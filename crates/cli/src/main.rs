@@ -108,7 +108,7 @@ pub struct Connection {
     /// Sent as `Authorization: Bearer KEY`.
     #[arg(long)]
     pub api_key: Option<String>,
-    /// Any setting of README §Configuration by name, e.g. `--set max_auto_attempts=3` (repeatable).
+    /// Any setting of docs/configuration.md by name, e.g. `--set max_auto_attempts=3` (repeatable).
     #[arg(long = "set", value_name = "NAME=VALUE")]
     pub set: Vec<String>,
     /// Stop waiting after this many seconds; what is left stays pending (exit 3).
@@ -117,7 +117,7 @@ pub struct Connection {
 }
 
 impl Connection {
-    /// The SDK config: the defaults of README §Configuration, except no pause between batches (a
+    /// The SDK config: the defaults of docs/configuration.md, except no pause between batches (a
     /// command-line run is an explicit bulk transfer, not an app sparing its battery); `--set`
     /// overrides anything.
     pub fn config(&self) -> Result<Config, Failure> {

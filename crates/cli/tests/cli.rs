@@ -754,6 +754,35 @@ mod tinyfs;
 /// mounted (it needs root; CI runs as root).
 #[test]
 fn send_on_a_disk_that_fills_mid_run_prints_its_summary_and_accounts_for_every_event() {
+    send_until_the_disk_fills(
+        "full disk via the CLI",
+        &events(20_000, |i| format!("ev_{}", i % 5)),
+        20_000,
+        &["max_disk_bytes=67108864"],
+    );
+}
+
+/// As above, with writes of several transactions each: 300-byte events, a cap of 2 MiB (64 KiB
+/// transactions) and a memory capacity of 2,000, so each `persist()` of 1,000 events is about
+/// five transactions and the disk fills inside one of them, after some committed. What
+/// committed is in the store only: delivered once by the `flush`, never also counted dropped.
+#[test]
+fn send_on_a_disk_that_fills_within_a_multi_transaction_write_accounts_for_every_event() {
+    let pad = "p".repeat(300);
+    let input: String = (1..=6_000)
+        .map(|i| format!("{{\"name\":\"ev\",\"properties\":{{\"n\":{i},\"pad\":\"{pad}\"}}}}\n"))
+        .collect();
+    send_until_the_disk_fills(
+        "full disk within a write via the CLI",
+        &input,
+        6_000,
+        &["max_disk_bytes=2097152", "memory_capacity=2000"],
+    );
+}
+
+/// `send` with `lines` lines of `input` to a store on a 1 MiB tmpfs, with `sets` added to the
+/// config, against a closed port; then space returns and a `flush` delivers to a collector.
+fn send_until_the_disk_fills(what: &str, input: &str, lines: u64, sets: &[&str]) {
     let fs = match tinyfs::TinyFs::try_mount(1024 * 1024) {
         Ok(fs) => fs,
         Err(why) => {
@@ -762,15 +791,11 @@ fn send_on_a_disk_that_fills_mid_run_prints_its_summary_and_accounts_for_every_e
         }
     };
     let dir = tempfile::tempdir().unwrap();
-    let lines = 20_000u64;
-    let input = write_input(
-        dir.path(),
-        &events(lines as usize, |i| format!("ev_{}", i % 5)),
-    );
+    let input = write_input(dir.path(), input);
     let db = fs.path().join("s.db");
     // Nothing listens on port 9: every attempt is refused, so nothing is delivered during the
     // run and the budget of two attempts ends it quickly.
-    let out = run(&[
+    let mut args = vec![
         "send",
         "--endpoint",
         "http://127.0.0.1:9/v1/batch",
@@ -779,14 +804,16 @@ fn send_on_a_disk_that_fills_mid_run_prints_its_summary_and_accounts_for_every_e
         "--input",
         s(&input),
         "--set",
-        "max_disk_bytes=67108864",
-        "--set",
         "max_auto_attempts=2",
         "--set",
         "backoff_base_ms=10",
         "--set",
         "backoff_cap_ms=20",
-    ]);
+    ];
+    for set in sets {
+        args.extend(["--set", set]);
+    }
+    let out = run(&args);
     assert_eq!(out.code, 1, "stdout: {} stderr: {}", out.stdout, out.stderr);
     let summary = out.json();
     let store_error = summary["store_error"].as_str().unwrap_or_default();
@@ -839,7 +866,7 @@ fn send_on_a_disk_that_fills_mid_run_prints_its_summary_and_accounts_for_every_e
         "an event arrived twice: {stats}"
     );
     eprintln!(
-        "full disk via the CLI: {lines} lines, {untracked} untracked, {pending} kept in the store and delivered by flush, {refused} store_refused, dropped {}",
+        "{what}: {lines} lines, {untracked} untracked, {pending} kept in the store and delivered by flush, {refused} store_refused, dropped {}",
         summary["dropped"]
     );
 }

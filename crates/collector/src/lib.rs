@@ -13,7 +13,7 @@
 //! other runtimes alike, and makes `Drop` safe anywhere: the runtime is created and dropped on
 //! the collector's thread, never on the caller's.
 //!
-//! The same server is the JetStream service of README "Collecting at scale" (feature
+//! The same server is the JetStream service of docs/scale.md (feature
 //! `jetstream`): bounded in what it takes on ([`Limits`]), with liveness, readiness and
 //! Prometheus metrics (`admin.rs`), per-project keys (`auth.rs`) and a drain on shutdown
 //! ([`ReferenceCollector::drain`]).

@@ -1572,7 +1572,7 @@ fn delete_unleased(conn: &Connection, leased: &[u64]) -> Result<u64> {
 }
 
 /// The disk cap's eviction: the oldest of the normal lane first, critical events only when no
-/// normal one is left (README §Critical lane). The normal lane is the in-order rows (from
+/// normal one is left (docs/critical-lane.md). The normal lane is the in-order rows (from
 /// `in_order_floor`, by seq) merged with its indexed ones; critical rows are all indexed.
 fn evict_oldest(
     tx: &Transaction<'_>,

@@ -4,7 +4,7 @@
 //! to index + 1, so a store written by any earlier release opens and is upgraded in place. A store
 //! of a newer version, or one that is not ours, is never modified: the opener moves it aside.
 //!
-//! The rule (README "Decisions"): every change to what a row means, not only to the tables,
+//! The rule (docs/decisions/0021): every change to what a row means, not only to the tables,
 //! bumps the version, with a step here (SQL, and where the rows themselves must be rewritten, a
 //! data step the store runs in the same transaction). A build older than the store then moves
 //! it aside instead of misreading it; a build of the same version never finds rows it does not
@@ -63,9 +63,9 @@ const MIGRATIONS: &[&str] = &[
     -- max_sends (no answer after max_event_sends requests).
     ALTER TABLE quarantine ADD COLUMN sends INTEGER NOT NULL DEFAULT 0;",
     // 2 → 3: the critical lane, the store's own named values, and the client reports.
-    // - `lane` orders delivery before the timestamp (0 critical, 1 normal: README §Critical
-    //   lane); the disk cap evicts lane 1 first. Earlier rows are all normal. Every ordered read
-    //   now starts with the lane, so the (ts, seq) index gives way to (lane, ts, seq).
+    // - `lane` orders delivery before the timestamp (0 critical, 1 normal: docs/critical-lane.md);
+    //   the disk cap evicts lane 1 first. Earlier rows are all normal. Every ordered read now
+    //   starts with the lane, so the (ts, seq) index gives way to (lane, ts, seq).
     // - `meta` holds small values that must outlive a restart, one row per name: what the app
     //   decided (`consent`: README §Consent) and the fleet loop's install id, directives in force
     //   and ledger baseline (src/fleet).

@@ -3,7 +3,7 @@
 //! the request's API key), and the client hears 2xx only once JetStream acknowledged every
 //! event of the batch; the batch's client reports go to a stream of their own first.
 //!
-//! Why a broker, and why this shape (README "Collecting at scale"): a phone that resends a
+//! Why a broker, and why this shape (docs/scale.md): a phone that resends a
 //! batch after a timeout reaches whichever collector the load balancer picks, so the dedup
 //! cannot live in a collector. JetStream drops a message whose `Nats-Msg-Id` it already holds
 //! within the stream's `duplicate_window` and says so in the ack (`duplicate: true`), which
@@ -42,7 +42,7 @@ const START_TIMEOUT: Duration = Duration::from_secs(20);
 /// Longest pause between reconnect attempts: a restarted broker is found again within this.
 const MAX_RECONNECT_DELAY: Duration = Duration::from_millis(500);
 
-/// Where and how the sink publishes, and the streams it keeps (README "Collecting at scale").
+/// Where and how the sink publishes, and the streams it keeps (docs/scale.md).
 #[derive(Clone, Debug)]
 pub struct JetStreamConfig {
     /// NATS server URL, e.g. `nats://127.0.0.1:4222`; several, comma-separated, for a cluster.

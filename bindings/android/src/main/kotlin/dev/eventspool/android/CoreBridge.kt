@@ -10,7 +10,7 @@ import uniffi.eventspool.SpoolConfig
  * the bounded drain a job runs, and the device conditions.
  */
 internal object CoreBridge {
-    /** The core's `attempt_timeout_ms` default (README configuration table), for a config that leaves it unset. */
+    /** The core's `attempt_timeout_ms` default (docs/configuration.md), for a config that leaves it unset. */
     const val DEFAULT_ATTEMPT_TIMEOUT_MS = 10_000L
 
     fun attemptTimeoutMs(config: SpoolConfig): Long = config.attemptTimeoutMs?.toLong() ?: DEFAULT_ATTEMPT_TIMEOUT_MS

@@ -229,6 +229,9 @@ impl EventSpool {
             (clock.wall_ms(), clock.now_ms()),
             consent,
         );
+        if let Some(seed) = b.jitter_seed {
+            fleet.seed_sampling(seed);
+        }
         let (shutdown, _) = tokio::sync::watch::channel(false);
         let shared = Arc::new(Shared {
             fleet,

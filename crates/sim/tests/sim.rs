@@ -9,8 +9,8 @@ use eventspool_sim::{Params, run};
 fn the_same_seed_gives_the_same_trace() {
     let params = Params {
         seed: 0x5eed_0001,
-        devices: 3,
-        hours: 4,
+        devices: 4,
+        hours: 25,
         only: None,
     };
     let outcome = |p: &Params| match run(p, None) {

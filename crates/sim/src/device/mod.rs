@@ -3,21 +3,25 @@
 //! README and docs/delivery.md against what really happened.
 
 use std::collections::{HashMap, HashSet};
-use std::io::Read;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use eventspool::testing::Stepper;
 use eventspool::{
     Config, Consent, DeliveryConditions, DeliveryObserver, DeliveryState, DeliveryStatus,
-    Durability, EventSpool, FaultError, FaultSite, HttpRequest, HttpResponse, ListFilter, NewEvent,
-    Notice, Selector, StoreFaults, TransportError, format_timestamp,
+    Durability, EventSpool, FaultError, FaultSite, ListFilter, NewEvent, Notice, Selector,
+    StoreFaults, format_timestamp,
 };
 use serde_json::{Value, json};
 
+mod exchange;
+mod oracle;
+
+use exchange::Flight;
+
 use crate::clock::{DeviceClock, SimClock};
-use crate::collector::{Collector, Mood, Received};
-use crate::net::{Link, SimTransport, Slot};
+use crate::collector::Collector;
+use crate::net::{Link, SimTransport};
 use crate::plan::{HOUR_MS, MINUTE_MS, Plan, SECOND_MS, Step, When};
 
 /// `retry_after_cap_ms` of every simulated device: the longest a collector can hold it.
@@ -89,21 +93,6 @@ impl DeliveryObserver for Observer {
             }
         }
     }
-}
-
-/// A request the world decided the fate of, waiting for its moment.
-struct Flight {
-    at_ms: u64,
-    slot: Arc<Mutex<Slot>>,
-    answer: Result<HttpResponse, TransportError>,
-    /// Ids the collector acknowledged in a 2xx the device will read whole.
-    acked: usize,
-    retry_after_s: Option<u64>,
-    directive: Option<(String, bool, Option<i64>)>,
-    /// Event indexes the request carried.
-    carried: Vec<usize>,
-    /// Events a 2xx read whole lists as `rejected` (the SDK quarantines each).
-    rejected: Vec<usize>,
 }
 
 /// The figures of a run.
@@ -197,6 +186,10 @@ impl Device {
         };
         config.flush_at = [5, 20, 50][rng.usize(0..3)];
         config.retry_after_cap_ms = RETRY_AFTER_CAP_MS;
+        // Uncompressed: a gzip body's size depends on the random bytes of its event ids, and
+        // the spool learns from body sizes (a timeout of a big body halves the batches), so a
+        // compressed run would not replay from its seed.
+        config.compression = eventspool::Compression::None;
         config.max_event_age_ms = 3 * 24 * HOUR_MS;
         config.quarantine_max_events = 500;
         let net = fastrand::Rng::with_seed(seed ^ 0x6e65_7477_6f72_6b00);
@@ -456,22 +449,6 @@ impl Device {
         }
     }
 
-    /// An event of a `track_batch` whose error did not name it: its payload says which it is.
-    fn learn_id(&mut self, id: &str, event: &Value) {
-        let Some(idx) = event["properties"]["p"]
-            .as_str()
-            .and_then(|p| p.strip_prefix("SIMPAYLOAD-"))
-            .and_then(|p| p.trim_end_matches('-').parse::<usize>().ok())
-        else {
-            return;
-        };
-        let placeholder = format!("unnamed-{idx}");
-        if self.by_id.remove(&placeholder).is_some() {
-            self.events[idx].id = id.to_string();
-            self.by_id.insert(id.to_string(), idx);
-        }
-    }
-
     /// Carries out one step of the plan.
     fn apply(&mut self, s: &Step, step: u64) -> Result<(), Finding> {
         self.trace.line(self.now(), format_args!("{s:?}"));
@@ -683,368 +660,6 @@ impl Device {
         self.open();
     }
 
-    /// Decides the fate of a request the worker just started.
-    fn dispatch(
-        &mut self,
-        request: HttpRequest,
-        slot: Arc<Mutex<Slot>>,
-        step: u64,
-    ) -> Result<(), Finding> {
-        self.figures.requests += 1;
-        let now = self.now();
-        if lock(&self.link).started_after_no > 0 {
-            return Err(
-                "a request started after set_consent(Denied) or set_enabled(false) returned".into(),
-            );
-        }
-        if let Some(until) = self.retry_after_hold.filter(|u| *u > now) {
-            return Err(format!(
-                "a request {} ms before the collector's Retry-After ended",
-                until - now
-            ));
-        }
-        if let Some(until) = self.pause_hold.filter(|u| *u > now) {
-            return Err(format!(
-                "a request {} ms before the directive's pause_until ended",
-                until - now
-            ));
-        }
-        let body = decode(&request)?;
-        let parsed: Value = serde_json::from_slice(&body)
-            .map_err(|e| format!("a request body that is not JSON: {e}"))?;
-        let mut received = Vec::new();
-        let mut carried = Vec::new();
-        let mut first_ts: [Option<i64>; 2] = [None; 2];
-        for e in parsed["batch"].as_array().into_iter().flatten() {
-            let id = e["event_id"].as_str().unwrap_or_default().to_string();
-            if !self.by_id.contains_key(&id) {
-                self.learn_id(&id, e);
-            }
-            let Some(&idx) = self.by_id.get(&id) else {
-                return Err(format!(
-                    "the collector got an id the app never tracked: {id}"
-                ));
-            };
-            let ev = &mut self.events[idx];
-            let lane = usize::from(ev.critical);
-            if !ev.sent && !ev.redriven {
-                if let Some(prev) = first_ts[lane]
-                    && ev.ts_ms < prev
-                {
-                    return Err(format!(
-                        "event {idx} (ts {}) follows a newer one in its batch",
-                        ev.ts_ms
-                    ));
-                }
-                first_ts[lane] = Some(ev.ts_ms);
-                let (front, at_step) = self.frontier[lane];
-                if ev.ts_ms < front && ev.accepted_step < at_step {
-                    return Err(format!(
-                        "event {idx} (ts {}) was queued when a batch with ts {front} went first",
-                        ev.ts_ms
-                    ));
-                }
-            }
-            ev.sent = true;
-            received.push(Received {
-                id,
-                name: e["name"].as_str().unwrap_or_default().to_string(),
-            });
-            carried.push(idx);
-        }
-        for (lane, ts) in first_ts.iter().enumerate() {
-            if let Some(ts) = ts
-                && *ts >= self.frontier[lane].0
-            {
-                self.frontier[lane] = (*ts, step);
-            }
-        }
-        let stall = request.stall_timeout.as_millis() as u64;
-        let mood = Mood {
-            refuse_every_body: now < self.refuse_until && !self.healed,
-            body_limit: 48 * 1024,
-            wall_ms: self.wall(),
-        };
-        let latency = self.net.u64(20..=400);
-        let roll = if self.healed {
-            1000
-        } else {
-            self.net.u32(0..1000)
-        };
-        let (at, answer, kind, reply) = if now < self.partition_until && !self.healed {
-            match self.net.bool() {
-                true => (
-                    now + 5,
-                    Err(TransportError::Connect("refused".into())),
-                    "refused",
-                    None,
-                ),
-                false => (
-                    now + stall,
-                    Err(TransportError::Timeout),
-                    "unanswered",
-                    None,
-                ),
-            }
-        } else if roll < 10 {
-            (
-                now + 5,
-                Err(TransportError::Connect("refused".into())),
-                "refused",
-                None,
-            )
-        } else if roll < 20 {
-            (
-                now + latency,
-                Err(TransportError::Io("reset before the body".into())),
-                "reset",
-                None,
-            )
-        } else if roll < 40 || (now < self.slow_until && body.len() > 8 * 1024 && !self.healed) {
-            // The body went (or some of it); the collector may have stored it; no answer.
-            if self.net.bool() {
-                let _ = self
-                    .collector
-                    .answer(&mut self.net, &received, body.len(), &mood);
-            }
-            (now + stall, Err(TransportError::Timeout), "timeout", None)
-        } else if roll < 50 {
-            let _ = self
-                .collector
-                .answer(&mut self.net, &received, body.len(), &mood);
-            (
-                now + latency,
-                Err(TransportError::Io(
-                    "connection closed before the answer".into(),
-                )),
-                "answer lost",
-                None,
-            )
-        } else {
-            let mut reply = if self.healed {
-                self.collector.answer_healthy(&received, body.len(), &mood)
-            } else {
-                self.collector
-                    .answer(&mut self.net, &received, body.len(), &mood)
-            };
-            if reply.response.body.len() > request.max_response_bytes {
-                reply.response.body.truncate(request.max_response_bytes);
-                reply.response.truncated = true;
-            }
-            let status = reply.response.status;
-            (
-                now + latency,
-                Ok(reply.response.clone()),
-                if status >= 300 {
-                    "refusal"
-                } else if is_html(&reply.response) {
-                    "portal"
-                } else {
-                    "2xx"
-                },
-                Some(reply),
-            )
-        };
-        let read_whole = matches!(&answer, Ok(r) if (200..300).contains(&r.status) && !r.truncated && !is_html(r));
-        let status = answer.as_ref().map(|r| r.status).ok();
-        self.trace.line(
-            now,
-            format_args!(
-                "request {} events {:?}: {kind} {status:?} rejected {:?}",
-                carried.len(),
-                &carried[..carried.len().min(4)],
-                reply
-                    .as_ref()
-                    .map(|r| r
-                        .refused
-                        .iter()
-                        .map(|id| self.by_id[id])
-                        .collect::<Vec<_>>())
-                    .unwrap_or_default()
-            ),
-        );
-        if !matches!(status, Some(200..=299))
-            && !matches!(status, Some(400 | 413 | 401 | 403 | 404))
-        {
-            let hour = now / HOUR_MS;
-            let (failed, fresh) = *self
-                .failing
-                .entry(hour)
-                .and_modify(|e| e.0 += 1)
-                .or_insert((1, 0));
-            let bound = FAILING_HOUR_REQUESTS + FRESH_START_REQUESTS * (fresh + 1);
-            if failed > bound && !self.healed {
-                return Err(format!(
-                    "{failed} failing requests in simulated hour {hour} ({fresh} fresh starts): a hot loop"
-                ));
-            }
-        }
-        self.flight = Some(Flight {
-            at_ms: at,
-            slot,
-            acked: match (&reply, read_whole) {
-                (Some(r), true) => r.acked.len(),
-                _ => 0,
-            },
-            retry_after_s: reply.as_ref().and_then(|r| r.retry_after_s),
-            directive: match read_whole {
-                true => reply.as_ref().and_then(|r| r.directive.clone()),
-                false => None,
-            },
-            rejected: match (&reply, read_whole) {
-                (Some(r), true) => r.refused.iter().map(|id| self.by_id[id]).collect(),
-                _ => Vec::new(),
-            },
-            answer,
-            carried,
-        });
-        Ok(())
-    }
-
-    /// The answer reaches the device (unless the worker gave the attempt up meanwhile).
-    fn land(&mut self, f: Flight) -> Result<(), Finding> {
-        if lock(&f.slot).gone {
-            return Ok(());
-        }
-        let now = self.now();
-        self.acks += f.acked as u64;
-        self.retry_after_hold = f
-            .retry_after_s
-            .map(|s| now + (s * SECOND_MS).min(RETRY_AFTER_CAP_MS));
-        if let Some((id, redrive, pause)) = f.directive {
-            // A directive may purge dead letters (once per id): what the quarantine holds now
-            // may be gone by the collector's choice.
-            self.note_purgeable();
-            if self.directive_ids.insert(id) {
-                if redrive {
-                    self.redrives += 1;
-                    self.mark_redriven();
-                }
-                self.pause_hold = pause.map(|wall| {
-                    let left = (wall - self.wall()).max(0) as u64;
-                    now + left.min(RETRY_AFTER_CAP_MS)
-                });
-            } else {
-                self.pause_hold = None;
-            }
-        }
-        // A store that cannot take the dead letters keeps them queued (they are rejected again
-        // later): only a healthy store's rejections count toward a loop.
-        let healthy = !self.faults.armed();
-        for idx in f.rejected.into_iter().filter(|_| healthy) {
-            let n = self.rejections.entry(idx).or_default();
-            *n += 1;
-            if *n > 1 + self.redrives {
-                return Err(format!(
-                    "event {idx} was rejected {n} times with {} redrives (by the app or distinct directive ids): a redrive loop",
-                    self.redrives
-                ));
-            }
-        }
-        Slot::answer(&f.slot, f.answer);
-        Ok(())
-    }
-
-    /// The oracles that hold after every step.
-    pub fn check(&mut self) -> Result<(), Finding> {
-        if let Some(f) = lock(&self.heard).findings.first() {
-            return Err(f.clone());
-        }
-        let Some(spool) = self.spool() else {
-            return Ok(());
-        };
-        let st = spool.stats();
-        let raw = st.tracked as i128 + st.restored as i128 + st.redriven as i128
-            - st.delivered as i128
-            - st.quarantined as i128
-            - st.dropped_from_queue() as i128;
-        let held = (st.pending_memory + st.pending_disk) as i128;
-        if raw != held || st.pending as i128 != held {
-            return Err(format!(
-                "ledger: tracked {} + restored {} + redriven {} - delivered {} - quarantined {} - dropped {} = {raw}, but memory holds {} and the store {} (pending says {})",
-                st.tracked,
-                st.restored,
-                st.redriven,
-                st.delivered,
-                st.quarantined,
-                st.dropped_from_queue(),
-                st.pending_memory,
-                st.pending_disk,
-                st.pending
-            ));
-        }
-        // A sampled event gets its id and is counted `sampled`, not tracked.
-        let sampled = st.dropped.get("sampled").copied().unwrap_or(0);
-        if st.tracked + sampled != self.tracked {
-            return Err(format!(
-                "stats().tracked is {} and {sampled} sampled, but track returned {} ids",
-                st.tracked, self.tracked
-            ));
-        }
-        if st.delivered != self.acks {
-            return Err(format!(
-                "the spool counts {} delivered but the collector acknowledged {} in answers it read whole",
-                st.delivered, self.acks
-            ));
-        }
-        // The files' sizes every 8th check: two stat calls each, the most costly check.
-        self.checks += 1;
-        if self.checks % 8 != 0 {
-            return Ok(());
-        }
-        let on_disk = eventspool::disk_usage(&self.db);
-        if on_disk > self.config.max_disk_bytes {
-            return Err(format!(
-                "the store takes {on_disk} bytes on disk, over max_disk_bytes {}",
-                self.config.max_disk_bytes
-            ));
-        }
-        Ok(())
-    }
-
-    /// After `set_consent(Denied)` returned: no byte of an event's payload in the store's files,
-    /// except those of the batch on the wire (it may finish).
-    fn scan_after_denial(&mut self) -> Result<(), Finding> {
-        if self.faults.armed() {
-            return Ok(());
-        }
-        let in_flight: HashSet<usize> = self
-            .flight
-            .iter()
-            .flat_map(|f| f.carried.iter().copied())
-            .collect();
-        for entry in std::fs::read_dir(&self.dir).map_err(|e| e.to_string())? {
-            let path = entry.map_err(|e| e.to_string())?.path();
-            let mut bytes = Vec::new();
-            if std::fs::File::open(&path)
-                .and_then(|mut f| f.read_to_end(&mut bytes))
-                .is_err()
-            {
-                continue;
-            }
-            let marker = b"SIMPAYLOAD-";
-            let mut at = 0;
-            while let Some(pos) = find(&bytes[at..], marker) {
-                let start = at + pos + marker.len();
-                let digits: String = bytes[start..]
-                    .iter()
-                    .take_while(|b| b.is_ascii_digit())
-                    .map(|b| *b as char)
-                    .collect();
-                at = start;
-                if let Ok(idx) = digits.parse::<usize>()
-                    && !in_flight.contains(&idx)
-                {
-                    return Err(format!(
-                        "after set_consent(Denied) returned, {} still holds the payload of event {idx}",
-                        path.file_name().unwrap_or_default().to_string_lossy()
-                    ));
-                }
-            }
-        }
-        Ok(())
-    }
-
     /// The end of the run: the network and the disk heal, the user says yes, and nothing else
     /// happens; the app turns back what it turned off (`resume()` once for a pause the
     /// collector's config caused: that is what the UI's button is for).
@@ -1094,57 +709,6 @@ impl Device {
             .map_or("closed".into(), |s| format!("{:?}", s.state().state))
     }
 
-    /// Every event the app tracked is delivered, quarantined, or was dropped with its id named
-    /// (or may have gone without a name: in memory when the process died, or deleted by a
-    /// denial).
-    pub fn audit(&mut self) -> Result<(), Finding> {
-        let Some(spool) = self.spool.clone() else {
-            return Err("the store never opened again after the disk healed".into());
-        };
-        let quarantined: HashSet<String> = spool
-            .quarantine_list(&ListFilter::default())
-            .map_err(|e| format!("quarantine_list: {e}"))?
-            .into_iter()
-            .map(|q| q.event_id)
-            .collect();
-        self.add_drops();
-        let heard = lock(&self.heard);
-        // Drops counted without naming ids (the disk cap, memory overflow, sampling): each may
-        // explain one event that is nowhere.
-        let unnamed = self
-            .drops_counted
-            .saturating_sub(heard.dropped.len() as u64);
-        let missing: Vec<usize> = self
-            .events
-            .iter()
-            .enumerate()
-            .filter(|(_, e)| {
-                !(self.collector.stored.contains_key(&e.id)
-                    || quarantined.contains(&e.id)
-                    || heard.dropped.contains_key(&e.id)
-                    || self.purgeable.contains(&e.id)
-                    || e.exposed)
-            })
-            .map(|(idx, _)| idx)
-            .collect();
-        if missing.len() as u64 > unnamed {
-            return Err(format!(
-                "{} events are neither delivered, quarantined nor dropped with their id named, and only {unnamed} drops were counted without ids (first: event {})",
-                missing.len(),
-                missing[0]
-            ));
-        }
-        Ok(())
-    }
-
-    /// What the handle about to go counted as dropped (a crash loses nothing already counted).
-    fn add_drops(&mut self) {
-        if let Some(spool) = self.spool() {
-            let n: u64 = spool.stats().dropped.values().sum();
-            self.drops_counted += n;
-        }
-    }
-
     pub fn remove_files(&mut self) {
         self.stepper = None;
         if let Some(spool) = self.spool.take() {
@@ -1152,28 +716,4 @@ impl Device {
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
-}
-
-fn is_html(r: &HttpResponse) -> bool {
-    r.body.starts_with(b"<html")
-}
-
-fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).position(|w| w == needle)
-}
-
-/// The request body as the collector reads it (gunzipped when the SDK compressed it).
-fn decode(request: &HttpRequest) -> Result<Vec<u8>, Finding> {
-    let gzip = request
-        .headers
-        .iter()
-        .any(|(k, v)| k.eq_ignore_ascii_case("content-encoding") && v == "gzip");
-    if !gzip {
-        return Ok(request.body.clone());
-    }
-    let mut out = Vec::new();
-    flate2::read::GzDecoder::new(&request.body[..])
-        .read_to_end(&mut out)
-        .map_err(|e| format!("a gzip body that does not decode: {e}"))?;
-    Ok(out)
 }

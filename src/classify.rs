@@ -131,6 +131,18 @@ pub fn classify(result: &Result<HttpResponse, TransportError>, now: SystemTime) 
                 ),
             },
         },
+        // A web page is not the collector's answer: a captive portal (hotel, airport Wi-Fi)
+        // answers every request with its sign-in page and a 200, and the batch never left the
+        // network. Transient: retried with the same ids once the network lets it through.
+        200..=299 if is_web_page(response) => Outcome::Transient {
+            failure: Failure {
+                status: Some(status),
+                message: format!(
+                    "HTTP {status} with a web page, not the collector's answer (a captive portal?)"
+                ),
+            },
+            retry_after_ms: None,
+        },
         200..=299 => match serde_json::from_slice::<PartialBody>(&response.body) {
             Ok(body) if !body.rejected.is_empty() => Outcome::Partial {
                 rejected: body
@@ -159,6 +171,15 @@ pub fn classify(result: &Result<HttpResponse, TransportError>, now: SystemTime) 
         401 | 403 => Outcome::Auth { failure: failure() },
         _ => Outcome::Config { failure: failure() },
     }
+}
+
+/// Whether the answer says it is an HTML page (`Content-Type: text/html`).
+fn is_web_page(response: &HttpResponse) -> bool {
+    response.header("content-type").is_some_and(|v| {
+        v.split(';')
+            .next()
+            .is_some_and(|t| t.trim().eq_ignore_ascii_case("text/html"))
+    })
 }
 
 /// At most `max` bytes of `text`, cut at a character boundary.
@@ -295,6 +316,32 @@ mod tests {
             ..Default::default()
         };
         classify(&Ok(response), SystemTime::now())
+    }
+
+    /// A captive portal (hotel or airport Wi-Fi) answers every request with its sign-in page
+    /// and a 200: the collector never saw the batch, so it must not be taken as delivered.
+    #[test]
+    fn a_2xx_web_page_is_not_the_collectors_answer() {
+        let page = "<!DOCTYPE html><html><body>Sign in to the network</body></html>";
+        for content_type in ["text/html", "text/html; charset=utf-8", "TEXT/HTML"] {
+            match answer(200, page, &[("Content-Type", content_type)]) {
+                Outcome::Transient { failure, .. } => {
+                    assert_eq!(failure.status, Some(200));
+                    assert!(failure.message.contains("web page"), "{}", failure.message);
+                }
+                other => panic!("{content_type}: {other:?}"),
+            }
+        }
+        // A collector's plain 2xx (empty, text, JSON) is still a success.
+        assert!(matches!(answer(200, "", &[]), Outcome::Delivered));
+        assert!(matches!(
+            answer(200, "ok", &[("Content-Type", "text/plain")]),
+            Outcome::Delivered
+        ));
+        assert!(matches!(
+            answer(204, "", &[("Content-Type", "application/json")]),
+            Outcome::Delivered
+        ));
     }
 
     #[test]

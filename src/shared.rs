@@ -127,6 +127,12 @@ pub struct Shared {
     /// has returned, no request starts, even one whose batch was already taken; a request
     /// already on the wire may finish. Held for microseconds, never across an `await`.
     pub send_gate: parking_lot::RwLock<()>,
+    /// A request of the worker is on the wire, or its answer not yet applied: set when the
+    /// transport takes it (under [`Shared::send_gate`]), cleared once the worker moves on (waits
+    /// or takes the next batch). A denial reads it under the gate: false means the batch the
+    /// worker holds (taken, or held for its retry) will never go, so the denial deletes it
+    /// too, and no answer can count it delivered afterwards.
+    pub on_wire: AtomicBool,
     /// A denial's deletion has not finished (a store error, a reader holding the WAL): nothing
     /// is sent, the worker tries again, and a new grant first finishes it.
     pub discard_owed: AtomicBool,

@@ -89,6 +89,14 @@ impl SpoolBuilder {
     pub fn open(self) -> Result<EventSpool> {
         EventSpool::start(self)
     }
+
+    /// Opens the spool without its threads: the delivery worker and the spill run only when the
+    /// returned [`crate::testing::Stepper`] steps them, on the caller's thread, so a simulation
+    /// under a clock of its own replays exactly from a seed. Feature `test-util`.
+    #[cfg(feature = "test-util")]
+    pub fn open_stepped(self) -> Result<(EventSpool, crate::testing::Stepper)> {
+        EventSpool::start_stepped(self)
+    }
 }
 
 struct Handle {
@@ -130,7 +138,9 @@ impl EventSpool {
         }
     }
 
-    fn start(b: SpoolBuilder) -> Result<EventSpool> {
+    /// Everything of an open but the threads: the store opened, the decisions it records read
+    /// back, the shared state built.
+    fn build_shared(b: SpoolBuilder) -> Result<Arc<Shared>> {
         let config = b.config;
         config.validate()?;
         if config.durability == Durability::Always && config.db_path.is_none() {
@@ -219,6 +229,9 @@ impl EventSpool {
             (clock.wall_ms(), clock.now_ms()),
             consent,
         );
+        if let Some(seed) = b.jitter_seed {
+            fleet.seed_sampling(seed);
+        }
         let (shutdown, _) = tokio::sync::watch::channel(false);
         let shared = Arc::new(Shared {
             fleet,
@@ -240,6 +253,7 @@ impl EventSpool {
             consent: std::sync::atomic::AtomicU8::new(consent.to_u8()),
             enabled: AtomicBool::new(enabled),
             send_gate: parking_lot::RwLock::new(()),
+            on_wire: AtomicBool::new(false),
             discard_owed: AtomicBool::new(unfinished_denial.is_some()),
             state: Mutex::new(StateCell {
                 state: match consent {
@@ -278,6 +292,11 @@ impl EventSpool {
                 reason,
             });
         }
+        Ok(shared)
+    }
+
+    fn start(b: SpoolBuilder) -> Result<EventSpool> {
+        let shared = EventSpool::build_shared(b)?;
         let spiller = match shared.queue.has_store() {
             true => {
                 let s = shared.clone();
@@ -330,6 +349,36 @@ impl EventSpool {
                 consent_verb: Mutex::new(()),
             }),
         })
+    }
+
+    /// A spool whose worker and spill run only when a test steps them (see
+    /// [`crate::testing::Stepper`]): no thread, no runtime of its own.
+    #[cfg(feature = "test-util")]
+    fn start_stepped(b: SpoolBuilder) -> Result<(EventSpool, crate::testing::Stepper)> {
+        let shared = EventSpool::build_shared(b)?;
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let stepper = crate::testing::Stepper::new(shared.clone(), done_tx)?;
+        let spool = EventSpool {
+            handle: Arc::new(Handle {
+                shared,
+                runtime: Mutex::new(None),
+                worker_done: Mutex::new(Some(done_rx)),
+                spiller: Mutex::new(None),
+                closed: AtomicBool::new(false),
+                admission: parking_lot::RwLock::new(()),
+                consent_verb: Mutex::new(()),
+            }),
+        };
+        Ok((spool, stepper))
+    }
+
+    /// Ends this handle as a killed process would: nothing is persisted, no count is left for
+    /// the next open, what memory held is gone; the store's files stay as they are on disk.
+    /// The last clone going closes the connection and frees the owner lock. Feature `test-util`.
+    #[cfg(feature = "test-util")]
+    pub fn crash(self) {
+        self.handle.closed.store(true, Ordering::SeqCst);
+        self.shared().queue.stop_spiller();
     }
 
     fn shared(&self) -> &Shared {
@@ -709,8 +758,9 @@ impl EventSpool {
         let s = self.shared();
         if consent != Consent::Denied && s.discard_owed.load(Ordering::SeqCst) {
             // Nothing the last denial covered may go out under a new answer.
+            // Denied until now: nothing of the worker is on the wire.
             s.queue
-                .discard_for_consent(crate::queue::WAL_TRUNCATE_BOUND)
+                .discard_for_consent(crate::queue::WAL_TRUNCATE_BOUND, true)
                 .map_err(|e| Error::WipeIncomplete(e.to_string()))?;
             s.discard_owed.store(false, Ordering::SeqCst);
         }
@@ -719,7 +769,9 @@ impl EventSpool {
         if consent == Consent::Denied {
             crate::testing::denial_recorded();
         }
-        {
+        // Whether the worker's batch is on the wire, read under the gate: once consent says no,
+        // a batch not on the wire by now never goes, so the denial deletes it with the rest.
+        let batch_not_on_wire = {
             // Flag and control together under the gate: a send the worker has not started yet
             // sees the new consent and is withheld, and the worker is told before anything
             // below can fail.
@@ -731,7 +783,8 @@ impl EventSpool {
                     c.consent_changed = true;
                 }
             });
-        }
+            !s.on_wire.load(Ordering::SeqCst)
+        };
         match consent {
             Consent::Denied => {
                 // Waits for the track() calls already past their consent check, so their
@@ -742,7 +795,7 @@ impl EventSpool {
                 s.fleet.forget_install(&s.full_stats());
                 if let Err(e) = s
                     .queue
-                    .discard_for_consent(crate::queue::WAL_TRUNCATE_BOUND)
+                    .discard_for_consent(crate::queue::WAL_TRUNCATE_BOUND, batch_not_on_wire)
                 {
                     s.discard_owed.store(true, Ordering::SeqCst);
                     s.wake.notify_one();

@@ -49,3 +49,104 @@ pub(crate) fn consent_delete_fails(db: &Path) -> bool {
         None => false,
     }
 }
+
+/// The threads of a spool opened with [`crate::SpoolBuilder::open_stepped`], run by hand: the
+/// delivery worker is a future this polls on the caller's thread, the spill a call. A
+/// simulation owns the clock (every sleep of the worker is on the spool's [`crate::Clock`]), so
+/// with a seeded jitter the same calls in the same order give the same run.
+pub struct Stepper {
+    shared: std::sync::Arc<crate::shared::Shared>,
+    worker: Option<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>>,
+    woken: std::sync::Arc<WakeFlag>,
+    done: Option<std::sync::mpsc::Sender<()>>,
+    /// Entered while the worker is polled: its safety-net timer around a send is a tokio timer,
+    /// which needs a runtime to register with. The runtime is never driven, so that timer never
+    /// fires; the transport's own timeout (simulated) is what ends an attempt.
+    runtime: tokio::runtime::Runtime,
+}
+
+/// Set by the worker's waker: the worker has something to look at.
+struct WakeFlag(std::sync::atomic::AtomicBool);
+
+impl std::task::Wake for WakeFlag {
+    fn wake(self: std::sync::Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &std::sync::Arc<Self>) {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Stepper {
+    pub(crate) fn new(
+        shared: std::sync::Arc<crate::shared::Shared>,
+        done: std::sync::mpsc::Sender<()>,
+    ) -> crate::Result<Stepper> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .map_err(|source| crate::Error::Runtime {
+                what: "the stepped worker's timers",
+                source,
+            })?;
+        Ok(Stepper {
+            worker: Some(Box::pin(crate::worker::run(shared.clone()))),
+            shared,
+            woken: std::sync::Arc::new(WakeFlag(std::sync::atomic::AtomicBool::new(true))),
+            done: Some(done),
+            runtime,
+        })
+    }
+
+    /// Whether something woke the worker since it was last polled (its clock, the app, its
+    /// transport): polling it then makes progress.
+    pub fn woken(&self) -> bool {
+        self.worker.is_some() && self.woken.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Whether the worker has not ended yet.
+    pub fn running(&self) -> bool {
+        self.worker.is_some()
+    }
+
+    /// Polls the worker once if it was woken; `true` if it was polled. Runs until the worker
+    /// waits on something (its clock, the app, an answer); a panic in it reaches the caller.
+    pub fn poll_worker(&mut self) -> bool {
+        use std::sync::atomic::Ordering;
+        let Some(worker) = self.worker.as_mut() else {
+            return false;
+        };
+        if !self.woken.0.swap(false, Ordering::SeqCst) {
+            return false;
+        }
+        let waker = std::task::Waker::from(self.woken.clone());
+        let mut cx = std::task::Context::from_waker(&waker);
+        let finished = {
+            let _enter = self.runtime.enter();
+            worker.as_mut().poll(&mut cx).is_ready()
+        };
+        if finished {
+            self.worker = None;
+            if let Some(done) = self.done.take() {
+                let _ = done.send(());
+            }
+        }
+        true
+    }
+
+    /// One turn of the spill thread: `None` when no spill was asked for, else its result. A
+    /// refusal's notices are delivered to the observers, as the thread does.
+    pub fn spill(&self) -> Option<crate::Result<()>> {
+        let result = self.shared.queue.spill_turn()?;
+        self.shared.deliver_notices();
+        Some(result)
+    }
+
+    /// What `shutdown()` tells the worker: stop at the next step, abandoning an attempt in
+    /// flight. Poll the worker until it ends ([`Stepper::running`]), then call `shutdown()`.
+    pub fn request_stop(&self) {
+        self.shared.control(|c| c.shutdown = true);
+        self.shared.shutdown.send_replace(true);
+    }
+}

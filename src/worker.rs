@@ -87,6 +87,14 @@ impl Worker {
     async fn perform(&mut self, actions: Vec<Action>) -> bool {
         let mut todo = VecDeque::from(actions);
         while let Some(action) = todo.pop_front() {
+            if matches!(
+                action,
+                Action::Wait { .. } | Action::NextBatch { .. } | Action::ProbeBatch { .. }
+            ) {
+                // The last answer is applied (acked, quarantined, or its batch held for a
+                // retry): nothing of this worker is on the wire any more.
+                self.s.on_wire.store(false, Ordering::SeqCst);
+            }
             let answer = match action {
                 Action::Stop => return false,
                 Action::Publish { state, deadline_ms } => {
@@ -168,7 +176,8 @@ impl Worker {
                 }
                 Action::DiscardForConsent => {
                     // One try at the WAL: the machine asks again if a reader holds it.
-                    match self.s.queue.discard_for_consent(Duration::ZERO) {
+                    // The worker is not sending: nothing of its own is on the wire.
+                    match self.s.queue.discard_for_consent(Duration::ZERO, true) {
                         Ok(_) => self.s.discard_owed.store(false, Ordering::SeqCst),
                         Err(e) => {
                             // Owed: the machine asks again while consent stays denied.
@@ -410,6 +419,7 @@ async fn start(s: &Shared, request: HttpRequest) -> Start {
             return Poll::Ready(Start::Withheld);
         };
         s.counters.requests.fetch_add(1, Ordering::Relaxed);
+        s.on_wire.store(true, Ordering::SeqCst);
         let mut send = s.transport.send(request);
         Poll::Ready(match send.as_mut().poll(cx) {
             Poll::Ready(result) => Start::Answered(result),

@@ -116,12 +116,20 @@ struct Inner {
     pause_untold: Option<i64>,
     /// The app ended the directive in force: the machine is told its pause is over.
     pause_ended: bool,
+    /// Draws who is kept under `sample_rate`: from the OS's entropy at first use, or from the
+    /// spool's jitter seed (`SpoolBuilder::jitter_seed`), so a run that seeds its delays also
+    /// replays which events were sampled.
     sample_rng: Option<fastrand::Rng>,
     applied_count: u64,
     ignored_count: u64,
 }
 
 impl Fleet {
+    /// Seeds the sampling draw (see `Inner::sample_rng`).
+    pub fn seed_sampling(&self, seed: u64) {
+        lock(&self.inner).sample_rng = Some(fastrand::Rng::with_seed(seed ^ 0x5a4d_504c_4500));
+    }
+
     /// Reads what the store keeps (install id, waiting reports, directive in force), making the
     /// install id on first use unless consent is `denied`.
     pub fn load(

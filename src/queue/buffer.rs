@@ -332,6 +332,15 @@ impl MemoryBuffer {
         n as u64
     }
 
+    /// Forgets the in-flight events memory holds alone (a denial deleting the batch the worker
+    /// holds while it is not on the wire); a later release of them finds nothing. Returns how
+    /// many.
+    pub fn forget_in_flight(&mut self) -> u64 {
+        let before = self.in_flight.len();
+        self.in_flight.retain(|_, (_, persisted)| *persisted);
+        (before - self.in_flight.len()) as u64
+    }
+
     /// Events queued or waiting to spill (not those in flight).
     pub fn held(&self) -> usize {
         self.queued.len() + self.spill.len()

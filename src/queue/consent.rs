@@ -34,9 +34,12 @@ impl Queue {
     /// WAL's old pages): the caller tries again. Events in flight are deleted by the next call
     /// if their answer does not take them out of the queue first. `wait` bounds how long a
     /// reader holding the WAL is waited for (zero: one try).
-    pub fn discard_for_consent(&self, wait: std::time::Duration) -> Result<u64> {
+    pub fn discard_for_consent(&self, wait: std::time::Duration, with_held: bool) -> Result<u64> {
         let _guard = self.spill_lock.lock();
         let mut n = self.memory().clear();
+        if with_held {
+            n += self.memory().forget_in_flight();
+        }
         self.settle_tickets_gone();
         // Counted before the store is touched: a store error must not hide what memory lost.
         self.counters.drop(DropReason::ConsentDenied, n);
@@ -44,7 +47,7 @@ impl Queue {
         let mut dead = lock(&self.memory_quarantine).take(&Selector::All).len() as u64;
         let wal_left = match &self.store {
             Some(store) => {
-                let done = store.discard_for_consent(wait)?;
+                let done = store.discard_for_consent(wait, with_held)?;
                 self.counters.drop(DropReason::ConsentDenied, done.queued);
                 n += done.queued;
                 dead += done.dead;

@@ -825,6 +825,17 @@ impl Queue {
         signal.committed >= signal.requested
     }
 
+    /// One turn of the spill thread's loop, for a spool stepped by a test (feature
+    /// `test-util`): `None` when no spill was asked for, else what the spill did. No gathering:
+    /// a stepped run has no burst going on in another thread to wait for.
+    #[cfg(feature = "test-util")]
+    pub fn spill_turn(&self) -> Option<Result<()>> {
+        if self.spill_done() {
+            return None;
+        }
+        Some(self.spill_now())
+    }
+
     /// Ends the spill thread's loop (shutdown), and the wait of `durability = always` callers.
     pub fn stop_spiller(&self) {
         lock(&self.signal).stop = true;

@@ -225,3 +225,85 @@ fn a_spool_opens_disabled_when_the_config_says_so() {
     assert!(spool.wait_drained(WAIT), "{}", spool.state());
     assert_eq!(collector.distinct_count(), 20);
 }
+
+/// A transport that answers 503 at once, as an app's own HTTP stack might.
+struct Busy;
+
+impl eventspool::Transport for Busy {
+    fn send(
+        &self,
+        _request: eventspool::HttpRequest,
+    ) -> futures_util::future::BoxFuture<
+        'static,
+        Result<eventspool::HttpResponse, eventspool::TransportError>,
+    > {
+        Box::pin(std::future::ready(Ok(eventspool::HttpResponse {
+            status: 503,
+            ..Default::default()
+        })))
+    }
+}
+
+/// A batch the worker holds for its retry is not on the wire: it is among the kept events a
+/// denial deletes, before set_consent returns. Before, the denial spared every leased row (a
+/// request on the wire may finish), so the held batch's payload stayed in the store until the
+/// worker next ran. The worker is stepped by hand here, so nothing runs between the verb and
+/// the look at the files. Found by the simulation (RELIABILITY.md §Simulation).
+#[test]
+fn a_batch_held_for_its_retry_is_deleted_by_the_denial_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = eventspool::Config::new("https://collector.invalid/v1/batch");
+    c.db_path = Some(dir.path().join("events.db"));
+    c.memory_capacity = 5;
+    let (_clock, dyn_clock) = manual_clock();
+    let (spool, mut stepper) = EventSpool::builder(c)
+        .clock(dyn_clock)
+        .transport(Arc::new(Busy))
+        .open_stepped()
+        .unwrap();
+    for i in 0..10 {
+        spool
+            .track("private", json!({ "secret": format!("{MARK}-{i:04}") }))
+            .unwrap();
+    }
+    spool.persist().unwrap();
+    spool.flush();
+    for _ in 0..100 {
+        if !stepper.poll_worker() {
+            break;
+        }
+    }
+    assert!(
+        matches!(spool.state().state, DeliveryState::RetryScheduled { .. }),
+        "the batch is held for its retry: {:?}",
+        spool.state()
+    );
+    spool.set_consent(Consent::Denied).unwrap();
+    let hits = files_contain(dir.path(), MARK.as_bytes());
+    let stats = spool.stats();
+    assert!(
+        hits.is_empty(),
+        "after set_consent(Denied) returned Ok, the held batch's values are in {hits:?}; {stats:?}"
+    );
+    assert_eq!(stats.pending, 0, "{stats:?}");
+    assert_eq!(stats.dropped(DropReason::ConsentDenied), 10, "{stats:?}");
+    // The worker's own view afterwards: nothing comes back from the released batch.
+    for _ in 0..100 {
+        if !stepper.poll_worker() {
+            break;
+        }
+    }
+    let stats = spool.stats();
+    assert_eq!(stats.pending, 0, "{stats:?}");
+    assert_eq!(
+        stats.dropped(DropReason::ConsentDenied),
+        10,
+        "counted once: {stats:?}"
+    );
+    assert!(stats.balances(), "{stats:?}");
+    stepper.request_stop();
+    while stepper.running() {
+        stepper.poll_worker();
+    }
+    spool.shutdown(WAIT).unwrap();
+}

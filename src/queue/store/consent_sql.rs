@@ -43,14 +43,18 @@ impl Store {
     /// the store. An error means nothing was deleted; [`Discarded::wal_left`] that the rows are
     /// gone but the WAL still holds their old pages. Either way: call again. `wait` is how long
     /// to wait for readers of the WAL (zero: try once).
-    pub fn discard_for_consent(&self, wait: Duration) -> Result<Discarded> {
+    pub fn discard_for_consent(&self, wait: Duration, with_leased: bool) -> Result<Discarded> {
         #[cfg(feature = "test-util")]
         if crate::testing::consent_delete_fails(&self.path) {
             return Err(Error::Storage(
                 "deleting the kept events failed (test fault)".into(),
             ));
         }
-        let leased = self.leased().clone();
+        // Leased rows are the worker's batch: spared only while it is on the wire.
+        let leased = match with_leased {
+            true => Vec::new(),
+            false => self.leased().clone(),
+        };
         let mut conn = self.conn();
         self.forget_quarantine_counts();
         conn.pragma_update(None, "secure_delete", true)?;
@@ -70,6 +74,9 @@ impl Store {
                 while rows.next()?.is_some() {}
             }
             tx.commit()?;
+            if with_leased {
+                self.leased().clear();
+            }
             self.owed_settled(&settled);
             Ok((queued, dead))
         })();
@@ -96,7 +103,7 @@ impl Store {
         if recorded.as_deref() != Some(crate::Consent::Denied.as_str()) {
             return Ok(None);
         }
-        self.discard_for_consent(Duration::ZERO).map(Some)
+        self.discard_for_consent(Duration::ZERO, true).map(Some)
     }
 
     /// `PRAGMA wal_checkpoint(TRUNCATE)` until its result says no reader kept it from finishing,

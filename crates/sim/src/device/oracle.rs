@@ -1,0 +1,167 @@
+//! The checks a device makes of the spool after every step, after a denial and at the end of a
+//! run: the promises of README and docs/ against what memory, the store's files, the observers
+//! and the collector say.
+
+use std::collections::HashSet;
+use std::io::Read;
+
+use eventspool::ListFilter;
+
+use super::{Device, Finding, lock};
+
+impl Device {
+    /// The oracles that hold after every step.
+    pub fn check(&mut self) -> Result<(), Finding> {
+        if let Some(f) = lock(&self.heard).findings.first() {
+            return Err(f.clone());
+        }
+        let Some(spool) = self.spool() else {
+            return Ok(());
+        };
+        let st = spool.stats();
+        let raw = st.tracked as i128 + st.restored as i128 + st.redriven as i128
+            - st.delivered as i128
+            - st.quarantined as i128
+            - st.dropped_from_queue() as i128;
+        let held = (st.pending_memory + st.pending_disk) as i128;
+        if raw != held || st.pending as i128 != held {
+            return Err(format!(
+                "ledger: tracked {} + restored {} + redriven {} - delivered {} - quarantined {} - dropped {} = {raw}, but memory holds {} and the store {} (pending says {})",
+                st.tracked,
+                st.restored,
+                st.redriven,
+                st.delivered,
+                st.quarantined,
+                st.dropped_from_queue(),
+                st.pending_memory,
+                st.pending_disk,
+                st.pending
+            ));
+        }
+        // A sampled event gets its id and is counted `sampled`, not tracked.
+        let sampled = st.dropped.get("sampled").copied().unwrap_or(0);
+        if st.tracked + sampled != self.tracked {
+            return Err(format!(
+                "stats().tracked is {} and {sampled} sampled, but track returned {} ids",
+                st.tracked, self.tracked
+            ));
+        }
+        if st.delivered != self.acks {
+            return Err(format!(
+                "the spool counts {} delivered but the collector acknowledged {} in answers it read whole",
+                st.delivered, self.acks
+            ));
+        }
+        // The files' sizes every 8th check: two stat calls each, the most costly check.
+        self.checks += 1;
+        if !self.checks.is_multiple_of(8) {
+            return Ok(());
+        }
+        let on_disk = eventspool::disk_usage(&self.db);
+        if on_disk > self.config.max_disk_bytes {
+            return Err(format!(
+                "the store takes {on_disk} bytes on disk, over max_disk_bytes {}",
+                self.config.max_disk_bytes
+            ));
+        }
+        Ok(())
+    }
+
+    /// After `set_consent(Denied)` returned: no byte of an event's payload in the store's files,
+    /// except those of the batch on the wire (it may finish).
+    pub(super) fn scan_after_denial(&mut self) -> Result<(), Finding> {
+        if self.faults.armed() {
+            return Ok(());
+        }
+        let in_flight: HashSet<usize> = self
+            .flight
+            .iter()
+            .flat_map(|f| f.carried.iter().copied())
+            .collect();
+        for entry in std::fs::read_dir(&self.dir).map_err(|e| e.to_string())? {
+            let path = entry.map_err(|e| e.to_string())?.path();
+            let mut bytes = Vec::new();
+            if std::fs::File::open(&path)
+                .and_then(|mut f| f.read_to_end(&mut bytes))
+                .is_err()
+            {
+                continue;
+            }
+            let marker = b"SIMPAYLOAD-";
+            let mut at = 0;
+            while let Some(pos) = find(&bytes[at..], marker) {
+                let start = at + pos + marker.len();
+                let digits: String = bytes[start..]
+                    .iter()
+                    .take_while(|b| b.is_ascii_digit())
+                    .map(|b| *b as char)
+                    .collect();
+                at = start;
+                if let Ok(idx) = digits.parse::<usize>()
+                    && !in_flight.contains(&idx)
+                {
+                    return Err(format!(
+                        "after set_consent(Denied) returned, {} still holds the payload of event {idx}",
+                        path.file_name().unwrap_or_default().to_string_lossy()
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Every event the app tracked is delivered, quarantined, or was dropped with its id named
+    /// (or may have gone without a name: in memory when the process died, or deleted by a
+    /// denial).
+    pub fn audit(&mut self) -> Result<(), Finding> {
+        let Some(spool) = self.spool.clone() else {
+            return Err("the store never opened again after the disk healed".into());
+        };
+        let quarantined: HashSet<String> = spool
+            .quarantine_list(&ListFilter::default())
+            .map_err(|e| format!("quarantine_list: {e}"))?
+            .into_iter()
+            .map(|q| q.event_id)
+            .collect();
+        self.add_drops();
+        let heard = lock(&self.heard);
+        // Drops counted without naming ids (the disk cap, memory overflow, sampling): each may
+        // explain one event that is nowhere.
+        let unnamed = self
+            .drops_counted
+            .saturating_sub(heard.dropped.len() as u64);
+        let missing: Vec<usize> = self
+            .events
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| {
+                !(self.collector.stored.contains_key(&e.id)
+                    || quarantined.contains(&e.id)
+                    || heard.dropped.contains_key(&e.id)
+                    || self.purgeable.contains(&e.id)
+                    || e.exposed)
+            })
+            .map(|(idx, _)| idx)
+            .collect();
+        if missing.len() as u64 > unnamed {
+            return Err(format!(
+                "{} events are neither delivered, quarantined nor dropped with their id named, and only {unnamed} drops were counted without ids (first: event {})",
+                missing.len(),
+                missing[0]
+            ));
+        }
+        Ok(())
+    }
+
+    /// What the handle about to go counted as dropped (a crash loses nothing already counted).
+    pub(super) fn add_drops(&mut self) {
+        if let Some(spool) = self.spool() {
+            let n: u64 = spool.stats().dropped.values().sum();
+            self.drops_counted += n;
+        }
+    }
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}

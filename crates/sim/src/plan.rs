@@ -1,0 +1,179 @@
+//! What happens to one device over a run, drawn from its seed before the run starts: the app's
+//! verbs at their moments, and the episodes of the world around it (a partition, a proxy that
+//! refuses every body, a slow link, a disk that fills or fails, a crash). Drawn up front so a
+//! failing run can be shrunk by leaving steps out.
+
+use eventspool::Consent;
+
+pub const SECOND_MS: u64 = 1_000;
+pub const MINUTE_MS: u64 = 60 * SECOND_MS;
+pub const HOUR_MS: u64 = 60 * MINUTE_MS;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum When {
+    Now,
+    /// An explicit timestamp this many minutes in the past (an importer, a late upload).
+    Past(u32),
+    /// An explicit timestamp in the future (a wrong clock).
+    Future(u32),
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Step {
+    /// `n` events through `track_event`, named `name`.
+    Track {
+        n: u32,
+        name: &'static str,
+        when: When,
+    },
+    /// One `track_batch` of `n` events.
+    Batch {
+        n: u32,
+    },
+    /// A critical event (`Priority::Critical`).
+    Critical,
+    /// Many events at once while memory is small: a spill of several transactions.
+    Burst {
+        n: u32,
+    },
+    Persist,
+    Online(bool),
+    Foreground(bool),
+    Metered(bool),
+    Consent(Consent),
+    Enabled(bool),
+    RetryNow,
+    Dismiss,
+    Resume,
+    Flush,
+    Redrive,
+    PurgeQuarantine,
+    ClearDirective,
+    /// `shutdown()` and open again.
+    Restart,
+    /// The process dies: no shutdown; open again from the files.
+    Crash,
+    /// The user moves the device's wall clock.
+    SkewWall(i64),
+    /// The network is cut (connections refused or unanswered) for this long.
+    Partition {
+        ms: u64,
+    },
+    /// A proxy answers 413 to every body for this long.
+    RefuseBodies {
+        ms: u64,
+    },
+    /// Bodies above 8 KB never finish uploading for this long.
+    SlowLink {
+        ms: u64,
+    },
+    /// The next `k` store writes fail (`SQLITE_IOERR`), from the next write on.
+    FailWrites {
+        k: u64,
+    },
+    /// The k-th store write from now fails with `SQLITE_FULL` (mid-transaction, mid-spill).
+    FailNthWrite {
+        n: u64,
+    },
+    /// A checkpoint fails.
+    FailCheckpoint,
+    /// The disk is full for this long.
+    DiskFull {
+        ms: u64,
+    },
+}
+
+/// Steps at their simulated times (ms since the run began), in time order.
+pub type Plan = Vec<(u64, Step)>;
+
+/// The plan of one device over `hours`.
+pub fn draw(rng: &mut fastrand::Rng, hours: u64) -> Plan {
+    let end = hours * HOUR_MS;
+    let mut plan = Vec::new();
+    let mut t = 0;
+    loop {
+        // About one step every four minutes: an app's day in some three hundred and fifty steps
+        // (bursts and batches make each step many events).
+        t += rng.u64(1..=8 * MINUTE_MS);
+        if t >= end {
+            break;
+        }
+        plan.push((t, step(rng)));
+    }
+    plan
+}
+
+fn step(rng: &mut fastrand::Rng) -> Step {
+    let r = rng.u32(0..1000);
+    match r {
+        0..380 => Step::Track {
+            n: rng.u32(1..=8),
+            name: match rng.u32(0..100) {
+                0..88 => "ok",
+                88..92 => "reject",
+                92..94 => "poison",
+                94..98 => "samp_x",
+                _ => "legacy_ping",
+            },
+            when: match rng.u32(0..100) {
+                0..90 => When::Now,
+                90..97 => When::Past(rng.u32(1..=600)),
+                _ => When::Future(rng.u32(1..=120)),
+            },
+        },
+        380..430 => Step::Batch { n: rng.u32(1..=40) },
+        430..460 => Step::Critical,
+        460..463 => Step::Burst {
+            n: rng.u32(200..=1_200),
+        },
+        463..475 => Step::Track {
+            n: 1,
+            name: "ok",
+            when: When::Now,
+        },
+        475..490 => Step::Persist,
+        490..560 => Step::Online(rng.u32(0..3) > 0),
+        560..610 => Step::Foreground(rng.bool()),
+        610..625 => Step::Metered(rng.bool()),
+        625..640 => Step::Consent(match rng.u32(0..10) {
+            0..2 => Consent::Denied,
+            2..4 => Consent::Pending,
+            _ => Consent::Granted,
+        }),
+        640..655 => Step::Enabled(rng.u32(0..3) > 0),
+        655..680 => Step::RetryNow,
+        680..690 => Step::Dismiss,
+        690..705 => Step::Resume,
+        705..725 => Step::Flush,
+        725..735 => Step::Redrive,
+        735..742 => Step::PurgeQuarantine,
+        742..747 => Step::ClearDirective,
+        747..760 => Step::Restart,
+        760..772 => Step::Crash,
+        772..777 => Step::SkewWall(rng.i64(-3_600_000..=3_600_000)),
+        777..800 => Step::Partition {
+            ms: match rng.u32(0..10) {
+                0..6 => rng.u64(MINUTE_MS..=30 * MINUTE_MS),
+                6..9 => rng.u64(HOUR_MS..=6 * HOUR_MS),
+                _ => rng.u64(12 * HOUR_MS..=40 * HOUR_MS),
+            },
+        },
+        800..810 => Step::RefuseBodies {
+            ms: rng.u64(MINUTE_MS..=HOUR_MS),
+        },
+        810..825 => Step::SlowLink {
+            ms: rng.u64(MINUTE_MS..=2 * HOUR_MS),
+        },
+        825..845 => Step::FailWrites { k: rng.u64(1..=4) },
+        845..865 => Step::FailNthWrite { n: rng.u64(1..=40) },
+        865..875 => Step::FailCheckpoint,
+        875..890 => Step::DiskFull {
+            ms: rng.u64(10 * SECOND_MS..=2 * HOUR_MS),
+        },
+        _ => Step::Track {
+            n: 1,
+            name: "ok",
+            when: When::Now,
+        },
+    }
+}

@@ -274,10 +274,12 @@ impl Device {
                 self.acks = 0;
                 self.tracked = 0;
                 self.retry_after_hold = None;
-                if self.store_faulted {
+                // A directive that came while the store was failing may never have been
+                // written: its pause is not owed across the restart.
+                if self.store_faulted || self.faults.armed() {
                     self.pause_hold = None;
                 }
-                self.store_faulted = false;
+                self.store_faulted = self.faults.armed();
                 self.consent = spool.consent();
                 self.spool = Some(spool);
                 self.stepper = Some(stepper);

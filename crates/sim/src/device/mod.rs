@@ -145,8 +145,9 @@ pub struct Device {
     redrives: u32,
     /// Times each event was listed as rejected in an answer the device read.
     rejections: HashMap<usize, u32>,
-    /// Per lane (normal, critical): the latest timestamp sent first, and the step it went at.
-    frontier: [(i64, u64); 2],
+    /// Per lane (normal, critical): the latest timestamp sent first, the step it went at and its
+    /// event.
+    frontier: [(i64, u64, usize); 2],
     /// Transient failures per simulated hour, and fresh starts per hour.
     failing: HashMap<u64, (u64, u64)>,
     store_faulted: bool,
@@ -228,7 +229,7 @@ impl Device {
             directive_ids: HashSet::new(),
             redrives: 0,
             rejections: HashMap::new(),
-            frontier: [(i64::MIN, 0); 2],
+            frontier: [(i64::MIN, 0, 0); 2],
             failing: HashMap::new(),
             store_faulted: false,
             drops_counted: 0,

@@ -80,7 +80,7 @@ impl Store {
             self.owed_settled(&settled);
             Ok((queued, dead))
         })();
-        let restored = conn.pragma_update(None, "secure_delete", false);
+        let restored = conn.pragma_update(None, "secure_delete", "FAST");
         let (queued, dead) = result?;
         restored?;
         self.forget_rows(queued);

@@ -190,6 +190,11 @@ pub fn configure(conn: &Connection, wal_limit_bytes: u64) -> rusqlite::Result<()
     }
     conn.query_row("PRAGMA journal_mode = WAL", [], |_| Ok(()))?;
     conn.pragma_update(None, "synchronous", "NORMAL")?;
+    // Every delete and update zeroes what it frees inside the pages it writes anyway (FAST:
+    // no page is written only to be wiped). Without it a row rewritten or deleted earlier (a
+    // send count, an acknowledged event) leaves its old bytes in the page's free space, and a
+    // later denial, which wipes what it deletes itself, cannot reach them (README §Consent).
+    conn.pragma_update(None, "secure_delete", "FAST")?;
     conn.query_row(
         &format!("PRAGMA journal_size_limit = {wal_limit_bytes}"),
         [],

@@ -62,7 +62,7 @@ impl Device {
             .map_err(|e| format!("a request body that is not JSON: {e}"))?;
         let mut received = Vec::new();
         let mut carried = Vec::new();
-        let mut first_ts: [Option<i64>; 2] = [None; 2];
+        let mut first_ts: [Option<(i64, usize)>; 2] = [None; 2];
         for e in parsed["batch"].as_array().into_iter().flatten() {
             let id = e["event_id"].as_str().unwrap_or_default().to_string();
             if !self.by_id.contains_key(&id) {
@@ -76,7 +76,7 @@ impl Device {
             let ev = &mut self.events[idx];
             let lane = usize::from(ev.critical);
             if !ev.sent && !ev.redriven {
-                if let Some(prev) = first_ts[lane]
+                if let Some((prev, _)) = first_ts[lane]
                     && ev.ts_ms < prev
                 {
                     return Err(format!(
@@ -84,12 +84,12 @@ impl Device {
                         ev.ts_ms
                     ));
                 }
-                first_ts[lane] = Some(ev.ts_ms);
-                let (front, at_step) = self.frontier[lane];
+                first_ts[lane] = Some((ev.ts_ms, idx));
+                let (front, at_step, by) = self.frontier[lane];
                 if ev.ts_ms < front && ev.accepted_step < at_step {
                     return Err(format!(
-                        "event {idx} (ts {}) was queued when a batch with ts {front} went first",
-                        ev.ts_ms
+                        "event {idx} (ts {}, step {}) was queued when event {by} (ts {front}) went first at step {at_step}",
+                        ev.ts_ms, ev.accepted_step
                     ));
                 }
             }
@@ -101,10 +101,10 @@ impl Device {
             carried.push(idx);
         }
         for (lane, ts) in first_ts.iter().enumerate() {
-            if let Some(ts) = ts
+            if let Some((ts, idx)) = ts
                 && *ts >= self.frontier[lane].0
             {
-                self.frontier[lane] = (*ts, step);
+                self.frontier[lane] = (*ts, step, *idx);
             }
         }
         let stall = request.stall_timeout.as_millis() as u64;

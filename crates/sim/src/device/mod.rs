@@ -145,8 +145,9 @@ pub struct Device {
     redrives: u32,
     /// Times each event was listed as rejected in an answer the device read.
     rejections: HashMap<usize, u32>,
-    /// Per lane (normal, critical): the latest timestamp sent first, and the step it went at.
-    frontier: [(i64, u64); 2],
+    /// Per lane (normal, critical): the latest timestamp sent first, the step it went at and its
+    /// event.
+    frontier: [(i64, u64, usize); 2],
     /// Transient failures per simulated hour, and fresh starts per hour.
     failing: HashMap<u64, (u64, u64)>,
     store_faulted: bool,
@@ -228,7 +229,7 @@ impl Device {
             directive_ids: HashSet::new(),
             redrives: 0,
             rejections: HashMap::new(),
-            frontier: [(i64::MIN, 0); 2],
+            frontier: [(i64::MIN, 0, 0); 2],
             failing: HashMap::new(),
             store_faulted: false,
             drops_counted: 0,
@@ -274,10 +275,12 @@ impl Device {
                 self.acks = 0;
                 self.tracked = 0;
                 self.retry_after_hold = None;
-                if self.store_faulted {
+                // A directive that came while the store was failing may never have been
+                // written: its pause is not owed across the restart.
+                if self.store_faulted || self.faults.armed() {
                     self.pause_hold = None;
                 }
-                self.store_faulted = false;
+                self.store_faulted = self.faults.armed();
                 self.consent = spool.consent();
                 self.spool = Some(spool);
                 self.stepper = Some(stepper);

@@ -38,6 +38,10 @@ impl Device {
         slot: Arc<Mutex<Slot>>,
         step: u64,
     ) -> Result<(), Finding> {
+        // The device's own tick, not the world's step: see `Device::tick`.
+        let _ = step;
+        self.tick += 1;
+        let step = self.tick;
         self.figures.requests += 1;
         let now = self.now();
         if lock(&self.link).started_after_no > 0 {

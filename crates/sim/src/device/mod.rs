@@ -154,6 +154,9 @@ pub struct Device {
     /// Drops the handles before the current one counted, every reason.
     drops_counted: u64,
     checks: u64,
+    /// This device's own count of acceptances and requests: orders them whatever the other
+    /// devices did meanwhile, so a device replayed alone judges order as it did in the world.
+    tick: u64,
     /// Dead letters a purge (the app's or a directive's) may have deleted.
     purgeable: HashSet<String>,
     pub figures: Figures,
@@ -234,6 +237,7 @@ impl Device {
             store_faulted: false,
             drops_counted: 0,
             checks: 0,
+            tick: 0,
             purgeable: HashSet::new(),
             figures: Figures::default(),
             trace: crate::world::Trace::default(),
@@ -405,7 +409,11 @@ impl Device {
             id,
             critical,
             ts_ms,
-            accepted_step: step,
+            accepted_step: {
+                let _ = step;
+                self.tick += 1;
+                self.tick
+            },
             sent: false,
             redriven: false,
             exposed: false,

@@ -1168,7 +1168,10 @@ impl Store {
     }
 
     pub fn set_meta(&self, name: &str, value: &str) -> Result<()> {
-        Ok(write_meta(&self.conn(), name, value)?)
+        let conn = self.conn();
+        write_meta(&conn, name, value)?;
+        self.checkpoint_if_needed(&conn);
+        Ok(())
     }
 
     /// The dead letters by reason ([`QuarantineSql::counts`]), counted again only after a
@@ -1726,6 +1729,35 @@ mod tests {
                 "round {round}: {bytes} bytes on disk, over the cap {CAP}"
             );
         }
+    }
+
+    /// Client reports are written while the network is down (one per request, up to
+    /// `MAX_WAITING_REPORTS` kept): on a store filled to its database share they must not push
+    /// the files past the cap. A report that does not fit is refused (its counts stay in the
+    /// next one), and no queued event is evicted for the SDK's own bookkeeping.
+    #[test]
+    fn waiting_client_reports_keep_the_files_inside_the_cap() {
+        const CAP: u64 = 192 * 1024;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db");
+        let store = Store::open(&path, CAP, 0, Keyring::plain()).unwrap().store;
+        let live: Vec<_> = (1..=2_000).map(|s| event(s, 300)).collect();
+        let report = store.insert(&live).unwrap();
+        assert!(report.evicted > 0, "the store is filled to its share");
+        let queued = store.len();
+        let body = format!(r#"{{"counts":"{}"}}"#, "c".repeat(600));
+        let mut kept = 0;
+        for id in 0..crate::fleet::MAX_WAITING_REPORTS as u64 {
+            if store.report_add(id, &body).is_ok() {
+                kept += 1;
+            }
+            let bytes = store.disk_usage();
+            assert!(
+                bytes <= CAP,
+                "after report {id} ({kept} kept): {bytes} bytes on disk, over the cap {CAP}"
+            );
+        }
+        assert_eq!(store.len(), queued, "no queued event evicted for a report");
     }
 
     /// The dead path on its own (`with_quarantine` → `QuarantineSql::add`): ten caps' worth of

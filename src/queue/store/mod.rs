@@ -870,6 +870,18 @@ impl Store {
     /// The oldest queued events in delivery order (never the leased ones), for the next batch.
     /// A row whose body does not open with its key (damaged on disk) is moved to the
     /// quarantine as `undecryptable` instead, and counted for [`Store::take_undecryptable`].
+    /// The queued rows of the normal lane: how many skip the ordering index and how many are in
+    /// it (frontier.rs), for a simulation's check that the index stays the exception.
+    #[cfg(feature = "test-util")]
+    pub fn normal_rows_by_order(&self) -> Result<(u64, u64)> {
+        let conn = self.conn();
+        Ok(conn.query_row(
+            "SELECT COALESCE(SUM(in_order = 1), 0), COALESCE(SUM(in_order = 0), 0) FROM events WHERE lane = ?1",
+            params![LANE_NORMAL],
+            |r| Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)? as u64)),
+        )?)
+    }
+
     pub fn oldest(&self, limit: usize) -> Result<Vec<QueuedEvent>> {
         let mut out = Vec::with_capacity(limit);
         let mut unreadable: Vec<(u64, QuarantinedEvent)> = Vec::new();

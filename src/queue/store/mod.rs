@@ -596,11 +596,14 @@ impl Store {
         self.forget_rows(done.evicted);
         match result {
             Ok(()) => Ok(done),
-            Err(error) => Err(PartialInsert {
-                done,
-                committed,
-                error,
-            }),
+            Err(error) => {
+                self.after_failed_write();
+                Err(PartialInsert {
+                    done,
+                    committed,
+                    error,
+                })
+            }
         }
     }
 
@@ -824,6 +827,16 @@ impl Store {
             bump(tx, counter::QUARANTINE_CAP, evicted_quarantine)?;
         }
         Ok((evicted, evicted_quarantine))
+    }
+
+    /// After a write transaction that failed (rolled back): the frames it wrote before the
+    /// failure stay in the WAL file, so the file may be past its share with nothing committed;
+    /// the file is measured and the checkpoint that keeps the cap runs as after a commit. (A
+    /// full disk may refuse that checkpoint too; it is counted and tried after the next write.)
+    fn after_failed_write(&self) {
+        let conn = self.conn();
+        self.wal.measure(&wal_path(&self.path));
+        self.checkpoint_if_needed(&conn);
     }
 
     /// Keeps the WAL inside its share of the cap: a checkpoint that truncates it once it passes
@@ -1231,17 +1244,28 @@ impl Store {
         let mut conn = self.conn();
         self.forget_quarantine_counts();
         let before = conn.total_changes();
-        let tx = conn.transaction()?;
-        let settled = self.settle_owed(&tx)?;
-        let mut moved = 0;
-        {
-            let mut stmt = tx.prepare_cached("DELETE FROM events WHERE seq = ?1")?;
-            for seq in from_queue {
-                moved += stmt.execute([*seq as i64])? as u64;
+        let written = (|| {
+            let tx = conn.transaction()?;
+            let settled = self.settle_owed(&tx)?;
+            let mut moved = 0;
+            {
+                let mut stmt = tx.prepare_cached("DELETE FROM events WHERE seq = ?1")?;
+                for seq in from_queue {
+                    moved += stmt.execute([*seq as i64])? as u64;
+                }
             }
-        }
-        let out = f(&QuarantineSql::bounded(&tx, self.byte_limits(), &self.keys))?;
-        tx.commit()?;
+            let out = f(&QuarantineSql::bounded(&tx, self.byte_limits(), &self.keys))?;
+            tx.commit()?;
+            Ok((out, settled, moved))
+        })();
+        let (out, settled, moved) = match written {
+            Ok(written) => written,
+            Err(e) => {
+                drop(conn);
+                self.after_failed_write();
+                return Err(e);
+            }
+        };
         self.owed_settled(&settled);
         if conn.total_changes() != before {
             self.checkpoint_if_needed(&conn);

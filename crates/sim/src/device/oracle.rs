@@ -52,6 +52,34 @@ impl Device {
                 st.delivered, self.acks
             ));
         }
+        // The directives whose answers landed are read now; a store fault since may have lost
+        // the record that they ran.
+        let landed = std::mem::take(&mut self.directive_landed);
+        if !self.faults.armed() {
+            for id in landed {
+                self.directive_faults.insert(id, self.figures.faults);
+            }
+        }
+        // A directive id applied before came again (docs/protocol.md §Directives: one-shot
+        // actions run once per id, whatever ids came between).
+        if let Some((id, redriven, quarantine, cap)) = self.replayed.take() {
+            let evicted = st.dropped.get("quarantine_cap").copied().unwrap_or(0) > cap;
+            let purged = quarantine
+                .iter()
+                .find(|(reason, n)| st.quarantine.get(*reason).copied().unwrap_or(0) < **n);
+            if st.redriven > redriven {
+                return Err(format!(
+                    "directive {id} came again and redrove {} dead letters again",
+                    st.redriven - redriven
+                ));
+            }
+            if let Some((reason, n)) = purged.filter(|_| !evicted) {
+                return Err(format!(
+                    "directive {id} came again and purged dead letters again ({reason}: {n} before, {} after)",
+                    st.quarantine.get(reason).copied().unwrap_or(0)
+                ));
+            }
+        }
         // The files' sizes every 8th check: two stat calls each, the most costly check.
         self.checks += 1;
         if !self.checks.is_multiple_of(8) {

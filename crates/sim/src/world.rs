@@ -253,7 +253,7 @@ fn drive(params: &Params, clock: &SimClock, devices: &mut [Device]) -> Result<()
     let mut step = 0u64;
     let mut healed_at = None;
     loop {
-        for d in devices.iter_mut() {
+        for d in devices.iter_mut().filter(|d| d.wants_settle()) {
             guarded(d, &mut |d| d.settle(step).map(|_| ()))?;
         }
         let now = clock.now_ms();

@@ -174,6 +174,9 @@ pub struct Device {
     frontier: [(i64, u64, usize); 2],
     /// A step waiting for the worker's next take ([`Step::AtTake`]).
     at_take: Option<Step>,
+    /// Something happened to the device since it last settled (a step, an answer, the heal):
+    /// see [`Device::wants_settle`].
+    dirty: bool,
     /// The index probe after the world healed ([`Device::probe_step`]), and when its phase
     /// began.
     probe: Probe,
@@ -274,6 +277,7 @@ impl Device {
             rejections: HashMap::new(),
             frontier: [(i64::MIN, 0, 0); 2],
             at_take: None,
+            dirty: true,
             probe: Probe::Off,
             probe_since: 0,
             failing: HashMap::new(),
@@ -360,6 +364,7 @@ impl Device {
 
     /// Does what is due at `now`: delivers an answer, lifts a full disk, runs the plan's steps.
     pub fn due(&mut self, now: u64, step: &mut u64) -> Result<(), Finding> {
+        self.dirty = true;
         if self.flight.as_ref().is_some_and(|f| f.at_ms <= now) {
             let flight = self.flight.take().expect("checked");
             self.land(flight)?;
@@ -385,6 +390,7 @@ impl Device {
     /// Runs the spool's threads until nothing moves: the worker, the spill, and the request it
     /// hands the link. Then checks what must hold.
     pub fn settle(&mut self, step: u64) -> Result<bool, Finding> {
+        self.dirty = false;
         let mut moved = false;
         for _ in 0..10_000 {
             let mut progressed = false;
@@ -432,6 +438,15 @@ impl Device {
             moved = true;
         }
         Err("the worker never settled (10,000 turns without waiting)".into())
+    }
+
+    /// Whether settling the device could move anything: something happened to it since it
+    /// last settled, or a timer of its worker fired (the shared clock woke it), or a request
+    /// waits for the link. A quiet device is skipped (the trace is the same either way).
+    pub fn wants_settle(&self) -> bool {
+        self.dirty
+            || self.stepper.as_ref().is_some_and(Stepper::woken)
+            || lock(&self.link).outgoing.is_some()
     }
 
     fn spool(&self) -> Option<&EventSpool> {
@@ -561,12 +576,19 @@ impl Device {
                             self.record(id.to_string(), false, ts, step);
                         }
                     }
-                    // The whole batch is recorded; the error names only the events memory
-                    // holds (the others are on disk). Those are learnt from their payload
-                    // when they reach the collector.
-                    Err(eventspool::Error::NotDurable { .. }) => {
-                        for i in 0..batch.len() {
+                    // The whole batch is recorded; the error names the events memory holds
+                    // (the others are on disk, learnt from their payload when they reach the
+                    // collector). Every event of the batch has the same timestamp and lane, so
+                    // which of them a named id is does not matter to any oracle: the named
+                    // ones are taken as the batch's last.
+                    Err(eventspool::Error::NotDurable { mut event_ids, .. }) => {
+                        event_ids.sort();
+                        let unnamed = batch.len().saturating_sub(event_ids.len());
+                        for i in 0..unnamed {
                             self.record(format!("unnamed-{}", first + i), false, ts, step);
+                        }
+                        for id in event_ids.into_iter().take(batch.len()) {
+                            self.record(id.to_string(), false, ts, step);
                         }
                     }
                     Err(_) => {}
@@ -807,6 +829,7 @@ impl Device {
 
     /// The world healed: [`Device::heal`], and the time this device may take to drain.
     pub fn heal_now(&mut self) -> Result<(), Finding> {
+        self.dirty = true;
         self.heal();
         self.pending_at_heal = self.pending();
         Ok(())
@@ -830,6 +853,7 @@ impl Device {
     /// index again. Otherwise one event from a wrong clock would leave every later row indexed
     /// and every batch read walking the table.
     pub fn probe_step(&mut self) -> Result<(), Finding> {
+        self.dirty = true;
         self.probe_since = self.now();
         let Some(spool) = self.spool.clone() else {
             self.probe = Probe::Done;

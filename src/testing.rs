@@ -175,6 +175,12 @@ impl Stepper {
         self.shared.queue.normal_rows_by_order()
     }
 
+    /// How long after a refused spill the spill thread would try again
+    /// ([`crate::queue::Queue::spill_retry_delay`]).
+    pub fn spill_retry_ms(&self) -> u64 {
+        self.shared.queue.spill_retry_delay().as_millis() as u64
+    }
+
     /// What `shutdown()` tells the worker: stop at the next step, abandoning an attempt in
     /// flight. Poll the worker until it ends ([`Stepper::running`]), then call `shutdown()`.
     pub fn request_stop(&self) {

@@ -395,6 +395,7 @@ impl Device {
         for _ in 0..10_000 {
             let mut progressed = false;
             let mut paused = false;
+            let now = self.now();
             if let Some(st) = self.stepper.as_mut() {
                 st.pause_after_next_take(self.at_take.is_some());
                 progressed |= st.poll_worker();
@@ -404,7 +405,8 @@ impl Device {
                 {
                     progressed = true;
                     if result.is_err() {
-                        self.spill_retry_at = Some(self.now() + SECOND_MS);
+                        // The spill thread's back-off; new events wake it sooner (see `due`).
+                        self.spill_retry_at = Some(now + st.spill_retry_ms());
                     }
                 }
             }
@@ -511,6 +513,8 @@ impl Device {
             e = e.critical();
         }
         let ts = self.ts_of(when);
+        // New events wake a spill thread that waits to retry (`Queue::run_spiller`).
+        self.spill_retry_at = None;
         match spool.track_event(e) {
             Ok(id) => self.record(id.to_string(), critical, ts, step),
             // Queued in memory, not durable: accepted all the same.
@@ -570,6 +574,7 @@ impl Device {
                     .map(|i| self.new_event("ok", When::Now, first + i))
                     .collect();
                 let ts = self.wall();
+                self.spill_retry_at = None;
                 match spool.track_batch(&batch) {
                     Ok(ids) => {
                         for id in ids {

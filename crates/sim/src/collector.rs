@@ -92,6 +92,21 @@ impl Collector {
         reply
     }
 
+    /// An overloaded collector's answer: 503 and a `Retry-After` of 30 s to 10 min.
+    pub fn overloaded(&mut self, rng: &mut fastrand::Rng) -> Reply {
+        self.requests += 1;
+        let s = rng.u64(30..=600);
+        let mut response = response(503, r#"{"error":"overloaded"}"#);
+        response.headers.push(("Retry-After".into(), s.to_string()));
+        Reply {
+            response,
+            acked: Vec::new(),
+            refused: Vec::new(),
+            retry_after_s: Some(s),
+            directive: None,
+        }
+    }
+
     fn answer_with(
         &mut self,
         roll: u32,

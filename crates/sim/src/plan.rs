@@ -85,6 +85,12 @@ pub enum Step {
     /// starts the request, and this step happens then: the seam between taking a batch and
     /// sending it, which a spool on its own threads leaves open for microseconds.
     AtTake(Box<Step>),
+    /// The collector answers every request with 503 and a `Retry-After` of 30 s to 10 min for
+    /// this long: a fleet coming back at once after an outage. Retries then run out on answers
+    /// that say when to come back, and the probe that follows must wait for them.
+    Overloaded {
+        ms: u64,
+    },
 }
 
 /// Steps at their simulated times (ms since the run began), in time order.
@@ -146,6 +152,23 @@ pub fn draw_at_take(rng: &mut fastrand::Rng, hours: u64) -> Plan {
             _ => Step::Restart,
         };
         plan.push((t, Step::AtTake(Box::new(verb))));
+    }
+    plan
+}
+
+/// The collector's overloads, from their own stream of the seed (so the other streams' steps
+/// stay as they were): one every six hours or so, of 5 to 60 minutes.
+pub fn draw_overloads(rng: &mut fastrand::Rng, hours: u64) -> Plan {
+    let end = hours * HOUR_MS;
+    let mut plan = Vec::new();
+    let mut t = 0;
+    loop {
+        t += rng.u64(HOUR_MS..=12 * HOUR_MS);
+        if t >= end {
+            break;
+        }
+        let ms = rng.u64(5 * MINUTE_MS..=60 * MINUTE_MS);
+        plan.push((t, Step::Overloaded { ms }));
     }
     plan
 }

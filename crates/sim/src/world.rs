@@ -159,9 +159,13 @@ pub fn plan_of(params: &Params, idx: usize) -> Plan {
     let seed = device_seed(params.seed, idx);
     let mut rng = fastrand::Rng::with_seed(seed ^ 0x706c_616e);
     let mut seams = fastrand::Rng::with_seed(seed ^ 0x7365_616d);
+    let mut overloads = fastrand::Rng::with_seed(seed ^ 0x6f76_6572);
     plan::merge(
-        plan::draw(&mut rng, params.hours),
-        plan::draw_at_take(&mut seams, params.hours),
+        plan::merge(
+            plan::draw(&mut rng, params.hours),
+            plan::draw_at_take(&mut seams, params.hours),
+        ),
+        plan::draw_overloads(&mut overloads, params.hours),
     )
 }
 

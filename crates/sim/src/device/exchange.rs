@@ -122,6 +122,14 @@ impl Device {
                     None,
                 ),
             }
+        } else if now < self.overloaded_until && !self.healed {
+            let reply = self.collector.overloaded(&mut self.net);
+            (
+                now + latency,
+                Ok(reply.response.clone()),
+                "refusal",
+                Some(reply),
+            )
         } else if roll < 10 {
             (
                 now + 5,

@@ -138,6 +138,7 @@ pub struct Device {
     flight: Option<Flight>,
     partition_until: u64,
     refuse_until: u64,
+    overloaded_until: u64,
     slow_until: u64,
     disk_full_until: Option<u64>,
     spill_retry_at: Option<u64>,
@@ -256,6 +257,7 @@ impl Device {
             flight: None,
             partition_until: 0,
             refuse_until: 0,
+            overloaded_until: 0,
             slow_until: 0,
             disk_full_until: None,
             spill_retry_at: None,
@@ -673,6 +675,7 @@ impl Device {
             Step::SkewWall(ms) => self.clock.skew_wall(*ms),
             Step::Partition { ms } => self.partition_until = self.now() + ms,
             Step::RefuseBodies { ms } => self.refuse_until = self.now() + ms,
+            Step::Overloaded { ms } => self.overloaded_until = self.now() + ms,
             Step::SlowLink { ms } => self.slow_until = self.now() + ms,
             Step::FailWrites { k } => {
                 self.fault();

@@ -149,6 +149,10 @@ pub struct Shared {
     /// The callers of `deliver_within` waiting for their outcome, by request number: the
     /// worker answers each once; dropping a sender (shutdown) wakes its caller with an error.
     pub drains: Mutex<Drains>,
+    /// The moment between taking a batch and sending it, as a simulation steps it
+    /// ([`crate::testing::Stepper`]).
+    #[cfg(feature = "test-util")]
+    pub take_point: crate::testing::TakePoint,
 }
 
 /// The bounded drains waiting for an outcome (see [`Shared::drains`]).

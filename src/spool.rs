@@ -276,6 +276,8 @@ impl EventSpool {
             jitter_seed: b.jitter_seed,
             deferred_notices,
             drains: Mutex::new(Default::default()),
+            #[cfg(feature = "test-util")]
+            take_point: Default::default(),
             config,
         });
         shared.counters.entered(Entry::Restored, restored);

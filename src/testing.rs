@@ -90,6 +90,10 @@ impl Stepper {
                 what: "the stepped worker's timers",
                 source,
             })?;
+        shared
+            .take_point
+            .record
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         Ok(Stepper {
             worker: Some(Box::pin(crate::worker::run(shared.clone()))),
             shared,
@@ -143,10 +147,86 @@ impl Stepper {
         Some(result)
     }
 
+    /// The ids of each batch the worker took since the last call, in the order it took them
+    /// (a batch is taken once and may be sent several times, split, or given back).
+    pub fn taken(&self) -> Vec<Vec<crate::EventId>> {
+        std::mem::take(&mut *lock_local(&self.shared.take_point.taken))
+    }
+
+    /// Whether the worker stops right after it takes its next batch, before it looks at consent
+    /// and starts the request: the poll that took it returns there, so the caller can act (deny,
+    /// crash, track) in the moment the worker's own threads rarely leave open.
+    pub fn pause_after_next_take(&self, pause: bool) {
+        use std::sync::atomic::Ordering;
+        self.shared.take_point.pause.store(pause, Ordering::SeqCst);
+    }
+
+    /// Whether the last poll stopped right after a take ([`Stepper::pause_after_next_take`]);
+    /// reading it clears it. The next poll goes on to the send.
+    pub fn paused_at_take(&self) -> bool {
+        use std::sync::atomic::Ordering;
+        self.shared.take_point.paused.swap(false, Ordering::SeqCst)
+    }
+
+    /// The store's queued rows of the normal lane as (skipping the ordering index, in it);
+    /// `None` without a store. Every row written in delivery order after the older ones left
+    /// should skip it (src/queue/store/frontier.rs).
+    pub fn normal_rows_by_order(&self) -> Option<crate::Result<(u64, u64)>> {
+        self.shared.queue.normal_rows_by_order()
+    }
+
+    /// How long after a refused spill the spill thread would try again
+    /// ([`crate::queue::Queue::spill_retry_delay`]).
+    pub fn spill_retry_ms(&self) -> u64 {
+        self.shared.queue.spill_retry_delay().as_millis() as u64
+    }
+
     /// What `shutdown()` tells the worker: stop at the next step, abandoning an attempt in
     /// flight. Poll the worker until it ends ([`Stepper::running`]), then call `shutdown()`.
     pub fn request_stop(&self) {
         self.shared.control(|c| c.shutdown = true);
         self.shared.shutdown.send_replace(true);
     }
+}
+
+/// The worker's moment between taking a batch and sending it, for a [`Stepper`]: the batches it
+/// took, and a pause there when asked.
+#[derive(Default)]
+pub struct TakePoint {
+    taken: Mutex<Vec<Vec<crate::EventId>>>,
+    /// Only a stepped spool notes its batches: a spool on its own threads would keep every id.
+    record: std::sync::atomic::AtomicBool,
+    pause: std::sync::atomic::AtomicBool,
+    paused: std::sync::atomic::AtomicBool,
+}
+
+impl TakePoint {
+    /// Called by the worker after every take: notes the batch, and returns `Pending` once (its
+    /// waker woken at once) when a pause was asked for, so a stepped worker's poll ends here.
+    pub(crate) async fn taken(&self, events: Option<&[(crate::event::QueuedEvent, bool)]>) {
+        use std::sync::atomic::Ordering;
+        let Some(events) = events.filter(|e| !e.is_empty()) else {
+            return;
+        };
+        if self.record.load(Ordering::Relaxed) {
+            lock_local(&self.taken).push(events.iter().map(|(e, _)| e.id).collect());
+        }
+        if self.pause.swap(false, Ordering::SeqCst) {
+            self.paused.store(true, Ordering::SeqCst);
+            let mut yielded = false;
+            std::future::poll_fn(|cx| {
+                if yielded {
+                    return std::task::Poll::Ready(());
+                }
+                yielded = true;
+                cx.waker().wake_by_ref();
+                std::task::Poll::Pending
+            })
+            .await;
+        }
+    }
+}
+
+fn lock_local<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }

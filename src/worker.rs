@@ -117,15 +117,22 @@ impl Worker {
                     let events = self.assemble(room_bytes);
                     // A refused spill (`durability = always`) is told now that the spill lock is free.
                     self.s.deliver_notices();
+                    #[cfg(feature = "test-util")]
+                    self.s.take_point.taken(events.as_deref()).await;
                     Some(Input::Batch {
                         events,
                         wall_ms: self.s.clock.wall_ms(),
                     })
                 }
-                Action::ProbeBatch { room_bytes } => Some(Input::Batch {
-                    events: self.assemble(room_bytes),
-                    wall_ms: self.s.clock.wall_ms(),
-                }),
+                Action::ProbeBatch { room_bytes } => {
+                    let events = self.assemble(room_bytes);
+                    #[cfg(feature = "test-util")]
+                    self.s.take_point.taken(events.as_deref()).await;
+                    Some(Input::Batch {
+                        events,
+                        wall_ms: self.s.clock.wall_ms(),
+                    })
+                }
                 Action::Send { attempt, wall_ms } => self.send(attempt, wall_ms).await,
                 Action::NoteSends { events, note } => {
                     self.note_sends(&events, note);

@@ -32,7 +32,7 @@ pub(crate) mod store;
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -69,6 +69,13 @@ pub const SPILL_CHUNK: usize = 1_000;
 const SPILL_BATCH_MIN: usize = 256;
 const SPILL_LINGER_STEP: Duration = Duration::from_micros(200);
 const SPILL_LINGER_MAX: Duration = Duration::from_millis(2);
+
+/// A refused spill is tried again after [`SPILL_RETRY_FIRST`], doubled after each refusal in a
+/// row up to [`SPILL_RETRY_MAX`], and at once when new events ask for a spill. A full disk stays
+/// full for minutes to hours: a retry every second would wake the device thousands of times an
+/// hour for nothing.
+pub const SPILL_RETRY_FIRST: Duration = Duration::from_secs(1);
+pub const SPILL_RETRY_MAX: Duration = Duration::from_secs(30);
 
 /// The most room each half of the inbox keeps once folded (events, about 70 bytes each): what a
 /// burst grew it to, so the next burst does not grow it again, within a bound.
@@ -174,6 +181,8 @@ pub struct Queue {
     memory_quarantine: Mutex<MemoryQuarantine>,
     signal: Mutex<SpillSignal>,
     spill_cv: Condvar,
+    /// Refused spills in a row ([`Queue::spill_retry_delay`]).
+    spill_refusals: AtomicU32,
 }
 
 /// What the hot path's one lock guards.
@@ -301,6 +310,7 @@ impl Queue {
             memory_quarantine: Mutex::new(MemoryQuarantine::default()),
             signal: Mutex::new(SpillSignal::default()),
             spill_cv: Condvar::new(),
+            spill_refusals: AtomicU32::new(0),
         }
     }
 
@@ -720,7 +730,21 @@ impl Queue {
             self.spill_locked()
         };
         parking_lot::MutexGuard::unlock_fair(guard);
+        match &result {
+            Ok(()) => self.spill_refusals.store(0, Ordering::Relaxed),
+            Err(_) => {
+                self.spill_refusals.fetch_add(1, Ordering::Relaxed);
+            }
+        }
         result
+    }
+
+    /// How long the spill thread waits before it tries a refused spill again (unless new
+    /// events ask sooner): see [`SPILL_RETRY_FIRST`].
+    pub fn spill_retry_delay(&self) -> Duration {
+        let refusals = self.spill_refusals.load(Ordering::Relaxed);
+        let doublings = refusals.saturating_sub(1).min(16);
+        (SPILL_RETRY_FIRST * (1u32 << doublings)).min(SPILL_RETRY_MAX)
     }
 
     fn mark_committed(&self, generation: u64, error: Option<String>) {
@@ -744,7 +768,7 @@ impl Queue {
     /// The spill thread: moves overflow to disk so `track()` never waits on SQLite. It wakes
     /// when the spill backlog starts filling and commits it chunk by chunk. `deliver` hands the
     /// notices of a refusal to the observers (no lock held); a refused spill is retried after
-    /// a second, its events kept in memory meanwhile.
+    /// [`Queue::spill_retry_delay`], its events kept in memory meanwhile.
     pub fn run_spiller(&self, deliver: impl Fn()) {
         loop {
             {
@@ -769,7 +793,7 @@ impl Queue {
             if result.is_err() {
                 let signal = lock(&self.signal);
                 if !signal.stop {
-                    let _ = self.spill_cv.wait_timeout(signal, Duration::from_secs(1));
+                    let _ = self.spill_cv.wait_timeout(signal, self.spill_retry_delay());
                 }
             }
         }
@@ -1261,6 +1285,12 @@ impl Queue {
 
     /// What [`crate::Stats`] reports of the queue: events in memory, in the store, the store's
     /// bytes on disk, and the quarantine by reason.
+    /// See [`Store::normal_rows_by_order`]; `None` without a store.
+    #[cfg(feature = "test-util")]
+    pub fn normal_rows_by_order(&self) -> Option<Result<(u64, u64)>> {
+        self.store.as_ref().map(Store::normal_rows_by_order)
+    }
+
     pub fn fill_stats(&self, stats: &mut crate::stats::Stats) {
         stats.pending_memory = self.memory().len() as u64;
         stats.quarantine = lock(&self.memory_quarantine).counts();

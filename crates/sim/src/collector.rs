@@ -36,6 +36,10 @@ pub struct Collector {
     /// Times each id was refused alone or listed as rejected.
     pub refusals: HashMap<String, u32>,
     pub requests: u64,
+    /// Answers in a thousand that carry a directive: most collectors send one now and then,
+    /// some (a fleet being steered, a misconfigured one) in many answers, so that ids come back
+    /// round (A, B, A) while the quarantine holds dead letters.
+    pub directive_per_mille: u32,
 }
 
 /// How the collector and whatever stands in front of it behave right now for this device.
@@ -86,6 +90,21 @@ impl Collector {
         }
         reply.response = response(200, &format!(r#"{{"accepted":{}}}"#, events.len()));
         reply
+    }
+
+    /// An overloaded collector's answer: 503 and a `Retry-After` of 30 s to 10 min.
+    pub fn overloaded(&mut self, rng: &mut fastrand::Rng) -> Reply {
+        self.requests += 1;
+        let s = rng.u64(30..=600);
+        let mut response = response(503, r#"{"error":"overloaded"}"#);
+        response.headers.push(("Retry-After".into(), s.to_string()));
+        Reply {
+            response,
+            acked: Vec::new(),
+            refused: Vec::new(),
+            retry_after_s: Some(s),
+            directive: None,
+        }
     }
 
     fn answer_with(
@@ -185,7 +204,7 @@ impl Collector {
         if !rejected.is_empty() {
             body["rejected"] = Value::Array(rejected);
         }
-        if directives && rng.u32(0..1000) < 15 {
+        if directives && rng.u32(0..1000) < self.directive_per_mille {
             let (directive, summary) = directive(rng, mood.wall_ms);
             body["directives"] = directive;
             reply.directive = Some(summary);

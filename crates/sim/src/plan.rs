@@ -81,6 +81,16 @@ pub enum Step {
     DiskFull {
         ms: u64,
     },
+    /// The next time the worker takes a batch, it stops there, before it looks at consent and
+    /// starts the request, and this step happens then: the seam between taking a batch and
+    /// sending it, which a spool on its own threads leaves open for microseconds.
+    AtTake(Box<Step>),
+    /// The collector answers every request with 503 and a `Retry-After` of 30 s to 10 min for
+    /// this long: a fleet coming back at once after an outage. Retries then run out on answers
+    /// that say when to come back, and the probe that follows must wait for them.
+    Overloaded {
+        ms: u64,
+    },
 }
 
 /// Steps at their simulated times (ms since the run began), in time order.
@@ -101,6 +111,81 @@ pub fn draw(rng: &mut fastrand::Rng, hours: u64) -> Plan {
         plan.push((t, step(rng)));
     }
     plan
+}
+
+/// The steps that land between the worker's take and its send, drawn from their own stream so
+/// that adding them left every other step of a seed's plan as it was: about one every half hour.
+pub fn draw_at_take(rng: &mut fastrand::Rng, hours: u64) -> Plan {
+    let end = hours * HOUR_MS;
+    let mut plan = Vec::new();
+    let mut t = 0;
+    loop {
+        t += rng.u64(1..=60 * MINUTE_MS);
+        if t >= end {
+            break;
+        }
+        let verb = match rng.u32(0..100) {
+            // A "no" lasts until the plan's next "yes" (hours): rarer here than the rest.
+            0..6 => Step::Consent(Consent::Denied),
+            6..8 => Step::Consent(Consent::Pending),
+            8..12 => Step::Enabled(false),
+            12..45 => Step::Track {
+                n: rng.u32(1..=3),
+                name: "ok",
+                when: match rng.u32(0..3) {
+                    0 => When::Now,
+                    1 => When::Past(rng.u32(1..=60)),
+                    _ => When::Future(rng.u32(1..=60)),
+                },
+            },
+            45..52 => Step::Critical,
+            52..58 => Step::Persist,
+            58..64 => Step::Online(false),
+            64..68 => Step::Foreground(false),
+            68..73 => Step::RetryNow,
+            73..77 => Step::Dismiss,
+            77..81 => Step::Redrive,
+            81..84 => Step::PurgeQuarantine,
+            84..87 => Step::ClearDirective,
+            87..93 => Step::Crash,
+            93..97 => Step::FailNthWrite { n: rng.u64(1..=4) },
+            _ => Step::Restart,
+        };
+        plan.push((t, Step::AtTake(Box::new(verb))));
+    }
+    plan
+}
+
+/// The collector's overloads, from their own stream of the seed (so the other streams' steps
+/// stay as they were): one every six hours or so, of 5 to 60 minutes.
+pub fn draw_overloads(rng: &mut fastrand::Rng, hours: u64) -> Plan {
+    let end = hours * HOUR_MS;
+    let mut plan = Vec::new();
+    let mut t = 0;
+    loop {
+        t += rng.u64(HOUR_MS..=12 * HOUR_MS);
+        if t >= end {
+            break;
+        }
+        let ms = rng.u64(5 * MINUTE_MS..=60 * MINUTE_MS);
+        plan.push((t, Step::Overloaded { ms }));
+    }
+    plan
+}
+
+/// Two plans as one, in time order (at equal times, `a`'s step first).
+pub fn merge(a: Plan, b: Plan) -> Plan {
+    let mut out = Vec::with_capacity(a.len() + b.len());
+    let (mut a, mut b) = (a.into_iter().peekable(), b.into_iter().peekable());
+    loop {
+        let take_a = match (a.peek(), b.peek()) {
+            (Some((ta, _)), Some((tb, _))) => ta <= tb,
+            (Some(_), None) => true,
+            (None, Some(_)) => false,
+            (None, None) => return out,
+        };
+        out.extend(if take_a { a.next() } else { b.next() });
+    }
 }
 
 fn step(rng: &mut fastrand::Rng) -> Step {

@@ -156,8 +156,17 @@ pub fn device_seed(seed: u64, idx: usize) -> u64 {
 
 /// The plan a device of this run follows.
 pub fn plan_of(params: &Params, idx: usize) -> Plan {
-    let mut rng = fastrand::Rng::with_seed(device_seed(params.seed, idx) ^ 0x706c_616e);
-    plan::draw(&mut rng, params.hours)
+    let seed = device_seed(params.seed, idx);
+    let mut rng = fastrand::Rng::with_seed(seed ^ 0x706c_616e);
+    let mut seams = fastrand::Rng::with_seed(seed ^ 0x7365_616d);
+    let mut overloads = fastrand::Rng::with_seed(seed ^ 0x6f76_6572);
+    plan::merge(
+        plan::merge(
+            plan::draw(&mut rng, params.hours),
+            plan::draw_at_take(&mut seams, params.hours),
+        ),
+        plan::draw_overloads(&mut overloads, params.hours),
+    )
 }
 
 /// Where the stores of a run live: `EVENTSPOOL_SIM_DIR`, else /dev/shm when there is one (the
@@ -248,12 +257,19 @@ fn drive(params: &Params, clock: &SimClock, devices: &mut [Device]) -> Result<()
     let mut step = 0u64;
     let mut healed_at = None;
     loop {
-        for d in devices.iter_mut() {
+        for d in devices.iter_mut().filter(|d| d.wants_settle()) {
             guarded(d, &mut |d| d.settle(step).map(|_| ()))?;
         }
         let now = clock.now_ms();
         if let Some(at) = healed_at {
-            let drained = devices.iter().all(|d| d.pending() == 0);
+            // A device that drained runs the next phase of its index probe.
+            for d in devices.iter_mut() {
+                if d.pending() == 0 && !d.probe_done() {
+                    guarded(d, &mut |d| d.probe_step())?;
+                    guarded(d, &mut |d| d.settle(step).map(|_| ()))?;
+                }
+            }
+            let drained = devices.iter().all(|d| d.pending() == 0 && d.probe_done());
             let bound = devices
                 .iter()
                 .map(|d| d.liveness_bound())
@@ -262,11 +278,14 @@ fn drive(params: &Params, clock: &SimClock, devices: &mut [Device]) -> Result<()
             if drained {
                 break;
             }
-            if now > at + bound {
-                let d = devices
-                    .iter()
-                    .find(|d| d.pending() > 0)
-                    .expect("one is pending");
+            let late = |d: &Device| {
+                d.pending() > 0
+                    && match d.probe_since() {
+                        Some(since) => now > since + LIVENESS_BASE_MS,
+                        None => now > at + bound,
+                    }
+            };
+            if let Some(d) = devices.iter().find(|d| late(d)) {
                 let what = format!(
                     "liveness: {} events still pending {} min after the world healed (state {})",
                     d.pending(),

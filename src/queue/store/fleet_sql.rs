@@ -5,7 +5,7 @@
 use rusqlite::params;
 
 use super::Store;
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 impl Store {
     /// The reports no 2xx has covered yet, oldest first.
@@ -19,7 +19,10 @@ impl Store {
     }
 
     /// Keeps a report until a 2xx covers it, and the next id, in one transaction: an id is never
-    /// given to two reports, even across a crash.
+    /// given to two reports, even across a crash. A report that would take the database past
+    /// its share of `max_disk_bytes` is refused, not kept at the cost of a queued event: the
+    /// caller keeps its counts for the next report (reports pile up while the network is down,
+    /// one per request, on a store the backlog has filled to its share).
     pub fn report_add(&self, id: u64, body: &str) -> Result<()> {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
@@ -28,15 +31,25 @@ impl Store {
             params![id as i64, body],
         )?;
         super::write_meta(&tx, "next_report", &(id + 1).to_string())?;
+        let over = super::db_excess(&tx, self.page_size, self.budget.db_bytes)?;
+        if over > 0 {
+            drop(tx);
+            return Err(Error::Storage(format!(
+                "no room for a client report: the database would pass its share of max_disk_bytes ({} bytes) by {over} bytes",
+                self.budget.db_bytes
+            )));
+        }
         tx.commit()?;
+        self.checkpoint_if_needed(&conn);
         Ok(())
     }
 
     /// Forgets one of the small named values of the `meta` table (the directive in force, when
     /// the app ends it).
     pub fn delete_meta(&self, name: &str) -> Result<()> {
-        self.conn()
-            .execute("DELETE FROM meta WHERE name = ?1", [name])?;
+        let conn = self.conn();
+        conn.execute("DELETE FROM meta WHERE name = ?1", [name])?;
+        self.checkpoint_if_needed(&conn);
         Ok(())
     }
 
@@ -47,6 +60,8 @@ impl Store {
         for id in ids {
             stmt.execute([*id as i64])?;
         }
+        drop(stmt);
+        self.checkpoint_if_needed(&conn);
         Ok(())
     }
 }

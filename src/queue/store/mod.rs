@@ -596,11 +596,14 @@ impl Store {
         self.forget_rows(done.evicted);
         match result {
             Ok(()) => Ok(done),
-            Err(error) => Err(PartialInsert {
-                done,
-                committed,
-                error,
-            }),
+            Err(error) => {
+                self.after_failed_write();
+                Err(PartialInsert {
+                    done,
+                    committed,
+                    error,
+                })
+            }
         }
     }
 
@@ -826,6 +829,16 @@ impl Store {
         Ok((evicted, evicted_quarantine))
     }
 
+    /// After a write transaction that failed (rolled back): the frames it wrote before the
+    /// failure stay in the WAL file, so the file may be past its share with nothing committed;
+    /// the file is measured and the checkpoint that keeps the cap runs as after a commit. (A
+    /// full disk may refuse that checkpoint too; it is counted and tried after the next write.)
+    fn after_failed_write(&self) {
+        let conn = self.conn();
+        self.wal.measure(&wal_path(&self.path));
+        self.checkpoint_if_needed(&conn);
+    }
+
     /// Keeps the WAL inside its share of the cap: a checkpoint that truncates it once it passes
     /// half its share (the other half is the room the next transaction may need).
     /// Run after every write transaction, not only inserts: bookkeeping and deletes add WAL
@@ -870,6 +883,18 @@ impl Store {
     /// The oldest queued events in delivery order (never the leased ones), for the next batch.
     /// A row whose body does not open with its key (damaged on disk) is moved to the
     /// quarantine as `undecryptable` instead, and counted for [`Store::take_undecryptable`].
+    /// The queued rows of the normal lane: how many skip the ordering index and how many are in
+    /// it (frontier.rs), for a simulation's check that the index stays the exception.
+    #[cfg(feature = "test-util")]
+    pub fn normal_rows_by_order(&self) -> Result<(u64, u64)> {
+        let conn = self.conn();
+        Ok(conn.query_row(
+            "SELECT COALESCE(SUM(in_order = 1), 0), COALESCE(SUM(in_order = 0), 0) FROM events WHERE lane = ?1",
+            params![LANE_NORMAL],
+            |r| Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)? as u64)),
+        )?)
+    }
+
     pub fn oldest(&self, limit: usize) -> Result<Vec<QueuedEvent>> {
         let mut out = Vec::with_capacity(limit);
         let mut unreadable: Vec<(u64, QuarantinedEvent)> = Vec::new();
@@ -1168,7 +1193,10 @@ impl Store {
     }
 
     pub fn set_meta(&self, name: &str, value: &str) -> Result<()> {
-        Ok(write_meta(&self.conn(), name, value)?)
+        let conn = self.conn();
+        write_meta(&conn, name, value)?;
+        self.checkpoint_if_needed(&conn);
+        Ok(())
     }
 
     /// The dead letters by reason ([`QuarantineSql::counts`]), counted again only after a
@@ -1216,17 +1244,28 @@ impl Store {
         let mut conn = self.conn();
         self.forget_quarantine_counts();
         let before = conn.total_changes();
-        let tx = conn.transaction()?;
-        let settled = self.settle_owed(&tx)?;
-        let mut moved = 0;
-        {
-            let mut stmt = tx.prepare_cached("DELETE FROM events WHERE seq = ?1")?;
-            for seq in from_queue {
-                moved += stmt.execute([*seq as i64])? as u64;
+        let written = (|| {
+            let tx = conn.transaction()?;
+            let settled = self.settle_owed(&tx)?;
+            let mut moved = 0;
+            {
+                let mut stmt = tx.prepare_cached("DELETE FROM events WHERE seq = ?1")?;
+                for seq in from_queue {
+                    moved += stmt.execute([*seq as i64])? as u64;
+                }
             }
-        }
-        let out = f(&QuarantineSql::bounded(&tx, self.byte_limits(), &self.keys))?;
-        tx.commit()?;
+            let out = f(&QuarantineSql::bounded(&tx, self.byte_limits(), &self.keys))?;
+            tx.commit()?;
+            Ok((out, settled, moved))
+        })();
+        let (out, settled, moved) = match written {
+            Ok(written) => written,
+            Err(e) => {
+                drop(conn);
+                self.after_failed_write();
+                return Err(e);
+            }
+        };
         self.owed_settled(&settled);
         if conn.total_changes() != before {
             self.checkpoint_if_needed(&conn);
@@ -1726,6 +1765,35 @@ mod tests {
                 "round {round}: {bytes} bytes on disk, over the cap {CAP}"
             );
         }
+    }
+
+    /// Client reports are written while the network is down (one per request, up to
+    /// `MAX_WAITING_REPORTS` kept): on a store filled to its database share they must not push
+    /// the files past the cap. A report that does not fit is refused (its counts stay in the
+    /// next one), and no queued event is evicted for the SDK's own bookkeeping.
+    #[test]
+    fn waiting_client_reports_keep_the_files_inside_the_cap() {
+        const CAP: u64 = 192 * 1024;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db");
+        let store = Store::open(&path, CAP, 0, Keyring::plain()).unwrap().store;
+        let live: Vec<_> = (1..=2_000).map(|s| event(s, 300)).collect();
+        let report = store.insert(&live).unwrap();
+        assert!(report.evicted > 0, "the store is filled to its share");
+        let queued = store.len();
+        let body = format!(r#"{{"counts":"{}"}}"#, "c".repeat(600));
+        let mut kept = 0;
+        for id in 0..crate::fleet::MAX_WAITING_REPORTS as u64 {
+            if store.report_add(id, &body).is_ok() {
+                kept += 1;
+            }
+            let bytes = store.disk_usage();
+            assert!(
+                bytes <= CAP,
+                "after report {id} ({kept} kept): {bytes} bytes on disk, over the cap {CAP}"
+            );
+        }
+        assert_eq!(store.len(), queued, "no queued event evicted for a report");
     }
 
     /// The dead path on its own (`with_quarantine` → `QuarantineSql::add`): ten caps' worth of

@@ -74,6 +74,16 @@ impl WalWatch {
         }
     }
 
+    /// After a write that failed: the frames it wrote before the failure stay in the file,
+    /// uncommitted, and no hook reported them. The file's size says how far it grew.
+    pub fn measure(&self, wal_file: &Path) {
+        let on_disk = std::fs::metadata(wal_file).map(|m| m.len()).unwrap_or(0);
+        let frames = on_disk
+            .saturating_sub(WAL_HEADER_BYTES)
+            .div_ceil(self.frame_bytes);
+        self.high_frames.fetch_max(frames, Ordering::Relaxed);
+    }
+
     /// After a checkpoint that truncated the log to nothing.
     pub fn truncated(&self) {
         self.high_frames.store(0, Ordering::Relaxed);

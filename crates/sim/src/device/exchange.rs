@@ -38,10 +38,8 @@ impl Device {
         slot: Arc<Mutex<Slot>>,
         step: u64,
     ) -> Result<(), Finding> {
-        // The device's own tick, not the world's step: see `Device::tick`.
+        // Order is judged when a batch is taken (`Device::note_takes`), on the device's own tick.
         let _ = step;
-        self.tick += 1;
-        let step = self.tick;
         self.figures.requests += 1;
         let now = self.now();
         if lock(&self.link).started_after_no > 0 {
@@ -89,13 +87,6 @@ impl Device {
                     ));
                 }
                 first_ts[lane] = Some((ev.ts_ms, idx));
-                let (front, at_step, by) = self.frontier[lane];
-                if ev.ts_ms < front && ev.accepted_step < at_step {
-                    return Err(format!(
-                        "event {idx} (ts {}, step {}) was queued when event {by} (ts {front}) went first at step {at_step}",
-                        ev.ts_ms, ev.accepted_step
-                    ));
-                }
             }
             ev.sent = true;
             received.push(Received {
@@ -103,13 +94,6 @@ impl Device {
                 name: e["name"].as_str().unwrap_or_default().to_string(),
             });
             carried.push(idx);
-        }
-        for (lane, ts) in first_ts.iter().enumerate() {
-            if let Some((ts, idx)) = ts
-                && *ts >= self.frontier[lane].0
-            {
-                self.frontier[lane] = (*ts, step, *idx);
-            }
         }
         let stall = request.stall_timeout.as_millis() as u64;
         let mood = Mood {
@@ -138,6 +122,14 @@ impl Device {
                     None,
                 ),
             }
+        } else if now < self.overloaded_until && !self.healed {
+            let reply = self.collector.overloaded(&mut self.net);
+            (
+                now + latency,
+                Ok(reply.response.clone()),
+                "refusal",
+                Some(reply),
+            )
         } else if roll < 10 {
             (
                 now + 5,
@@ -267,6 +259,17 @@ impl Device {
             // A directive may purge dead letters (once per id): what the quarantine holds now
             // may be gone by the collector's choice.
             self.note_purgeable();
+            let seen = self.directive_faults.get(&id).copied();
+            if seen == Some(self.figures.faults)
+                && let Some(spool) = self.spool()
+            {
+                let st = spool.stats();
+                let cap = st.dropped.get("quarantine_cap").copied().unwrap_or(0);
+                self.replayed = Some((id.clone(), st.redriven, st.quarantine, cap));
+            }
+            if seen.is_none() && !self.faults.armed() {
+                self.directive_landed.push(id.clone());
+            }
             if self.directive_ids.insert(id) {
                 if redrive {
                     self.redrives += 1;
@@ -309,6 +312,8 @@ impl Device {
         let placeholder = format!("unnamed-{idx}");
         if self.by_id.remove(&placeholder).is_some() {
             self.events[idx].id = id.to_string();
+            // Taken unnamed before this send: its order could not be judged then.
+            self.events[idx].taken = true;
             self.by_id.insert(id.to_string(), idx);
         }
     }

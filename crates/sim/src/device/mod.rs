@@ -41,8 +41,11 @@ struct Ev {
     ts_ms: i64,
     /// The world's step counter when `track` returned.
     accepted_step: u64,
-    /// Sent before (first sends are checked for order).
+    /// Sent before (the events of a request are checked for order on their first send).
     sent: bool,
+    /// Taken into a batch before (a batch's order is judged when it is taken: it is resent as
+    /// it is, so an event tracked while it waits for its retry goes in a later one).
+    taken: bool,
     /// Was in the quarantine or redriven: its order is its own.
     redriven: bool,
     /// Not on disk for sure when the process died or a denial deleted: may be gone uncounted.
@@ -95,6 +98,17 @@ impl DeliveryObserver for Observer {
     }
 }
 
+/// The phases of the index probe after the world healed: a future-dated event, then one
+/// written behind it, then rows in delivery order, each phase once the last one's events are
+/// delivered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Probe {
+    Off,
+    Future,
+    Behind,
+    Done,
+}
+
 /// The figures of a run.
 #[derive(Clone, Copy, Default, Debug)]
 pub struct Figures {
@@ -124,6 +138,7 @@ pub struct Device {
     flight: Option<Flight>,
     partition_until: u64,
     refuse_until: u64,
+    overloaded_until: u64,
     slow_until: u64,
     disk_full_until: Option<u64>,
     spill_retry_at: Option<u64>,
@@ -141,13 +156,32 @@ pub struct Device {
     /// A directive's `pause_until` in force.
     pause_hold: Option<u64>,
     directive_ids: HashSet<String>,
+    /// A directive id the device had already applied came again: its one-shot actions must not
+    /// run again. What the quarantine looked like when its answer landed: (id, `redriven`, the
+    /// dead letters per reason, `quarantine_cap` drops).
+    replayed: Option<(String, u64, std::collections::BTreeMap<String, u64>, u64)>,
+    /// `figures.faults` when each directive id was first applied: a store fault since may have
+    /// lost the record that it ran, and then running it again is allowed.
+    directive_faults: HashMap<String, u64>,
+    /// Directive ids whose answer landed since the last settled check: the worker has read
+    /// them once the device settles (a crash before that may have lost them unread).
+    directive_landed: Vec<String>,
     /// Redrives the app or a directive id made: each lets an event be refused once more.
     redrives: u32,
     /// Times each event was listed as rejected in an answer the device read.
     rejections: HashMap<usize, u32>,
-    /// Per lane (normal, critical): the latest timestamp sent first, the step it went at and its
-    /// event.
+    /// Per lane (normal, critical): the latest timestamp taken first, the tick it was taken at
+    /// and its event.
     frontier: [(i64, u64, usize); 2],
+    /// A step waiting for the worker's next take ([`Step::AtTake`]).
+    at_take: Option<Step>,
+    /// Something happened to the device since it last settled (a step, an answer, the heal):
+    /// see [`Device::wants_settle`].
+    dirty: bool,
+    /// The index probe after the world healed ([`Device::probe_step`]), and when its phase
+    /// began.
+    probe: Probe,
+    probe_since: u64,
     /// Transient failures per simulated hour, and fresh starts per hour.
     failing: HashMap<u64, (u64, u64)>,
     store_faulted: bool,
@@ -212,10 +246,18 @@ impl Device {
             net,
             plan,
             next_step: 0,
-            collector: Collector::default(),
+            collector: Collector {
+                // From its own stream: the plan and the answers of a seed stay as they were.
+                directive_per_mille: match fastrand::Rng::with_seed(seed ^ 0x6469_7273).u32(0..4) {
+                    0 => 150,
+                    _ => 15,
+                },
+                ..Collector::default()
+            },
             flight: None,
             partition_until: 0,
             refuse_until: 0,
+            overloaded_until: 0,
             slow_until: 0,
             disk_full_until: None,
             spill_retry_at: None,
@@ -230,9 +272,16 @@ impl Device {
             retry_after_hold: None,
             pause_hold: None,
             directive_ids: HashSet::new(),
+            replayed: None,
+            directive_faults: HashMap::new(),
+            directive_landed: Vec::new(),
             redrives: 0,
             rejections: HashMap::new(),
             frontier: [(i64::MIN, 0, 0); 2],
+            at_take: None,
+            dirty: true,
+            probe: Probe::Off,
+            probe_since: 0,
             failing: HashMap::new(),
             store_faulted: false,
             drops_counted: 0,
@@ -278,6 +327,8 @@ impl Device {
                 );
                 self.acks = 0;
                 self.tracked = 0;
+                self.directive_landed.clear();
+                self.replayed = None;
                 self.retry_after_hold = None;
                 // A directive that came while the store was failing may never have been
                 // written: its pause is not owed across the restart.
@@ -315,6 +366,7 @@ impl Device {
 
     /// Does what is due at `now`: delivers an answer, lifts a full disk, runs the plan's steps.
     pub fn due(&mut self, now: u64, step: &mut u64) -> Result<(), Finding> {
+        self.dirty = true;
         if self.flight.as_ref().is_some_and(|f| f.at_ms <= now) {
             let flight = self.flight.take().expect("checked");
             self.land(flight)?;
@@ -340,19 +392,32 @@ impl Device {
     /// Runs the spool's threads until nothing moves: the worker, the spill, and the request it
     /// hands the link. Then checks what must hold.
     pub fn settle(&mut self, step: u64) -> Result<bool, Finding> {
+        self.dirty = false;
         let mut moved = false;
         for _ in 0..10_000 {
             let mut progressed = false;
+            let mut paused = false;
+            let now = self.now();
             if let Some(st) = self.stepper.as_mut() {
+                st.pause_after_next_take(self.at_take.is_some());
                 progressed |= st.poll_worker();
+                paused = st.paused_at_take();
                 if self.spill_retry_at.is_none()
                     && let Some(result) = st.spill()
                 {
                     progressed = true;
                     if result.is_err() {
-                        self.spill_retry_at = Some(self.now() + SECOND_MS);
+                        // The spill thread's back-off; new events wake it sooner (see `due`).
+                        self.spill_retry_at = Some(now + st.spill_retry_ms());
                     }
                 }
+            }
+            self.note_takes()?;
+            if paused && let Some(verb) = self.at_take.take() {
+                self.trace
+                    .line(self.now(), format_args!("between take and send:"));
+                self.apply(&verb, step)?;
+                progressed = true;
             }
             let outgoing = lock(&self.link).outgoing.take();
             if let Some((request, slot)) = outgoing {
@@ -377,6 +442,15 @@ impl Device {
             moved = true;
         }
         Err("the worker never settled (10,000 turns without waiting)".into())
+    }
+
+    /// Whether settling the device could move anything: something happened to it since it
+    /// last settled, or a timer of its worker fired (the shared clock woke it), or a request
+    /// waits for the link. A quiet device is skipped (the trace is the same either way).
+    pub fn wants_settle(&self) -> bool {
+        self.dirty
+            || self.stepper.as_ref().is_some_and(Stepper::woken)
+            || lock(&self.link).outgoing.is_some()
     }
 
     fn spool(&self) -> Option<&EventSpool> {
@@ -415,6 +489,7 @@ impl Device {
                 self.tick
             },
             sent: false,
+            taken: false,
             redriven: false,
             exposed: false,
         });
@@ -440,6 +515,8 @@ impl Device {
             e = e.critical();
         }
         let ts = self.ts_of(when);
+        // New events wake a spill thread that waits to retry (`Queue::run_spiller`).
+        self.spill_retry_at = None;
         match spool.track_event(e) {
             Ok(id) => self.record(id.to_string(), critical, ts, step),
             // Queued in memory, not durable: accepted all the same.
@@ -470,6 +547,12 @@ impl Device {
                 self.crash();
                 return Ok(());
             }
+            Step::AtTake(verb) => {
+                if self.at_take.is_none() {
+                    self.at_take = Some((**verb).clone());
+                }
+                return Ok(());
+            }
             _ => {}
         }
         let Some(spool) = self.spool.clone() else {
@@ -493,18 +576,26 @@ impl Device {
                     .map(|i| self.new_event("ok", When::Now, first + i))
                     .collect();
                 let ts = self.wall();
+                self.spill_retry_at = None;
                 match spool.track_batch(&batch) {
                     Ok(ids) => {
                         for id in ids {
                             self.record(id.to_string(), false, ts, step);
                         }
                     }
-                    // The whole batch is recorded; the error names only the events memory
-                    // holds (the others are on disk). Those are learnt from their payload
-                    // when they reach the collector.
-                    Err(eventspool::Error::NotDurable { .. }) => {
-                        for i in 0..batch.len() {
+                    // The whole batch is recorded; the error names the events memory holds
+                    // (the others are on disk, learnt from their payload when they reach the
+                    // collector). Every event of the batch has the same timestamp and lane, so
+                    // which of them a named id is does not matter to any oracle: the named
+                    // ones are taken as the batch's last.
+                    Err(eventspool::Error::NotDurable { mut event_ids, .. }) => {
+                        event_ids.sort();
+                        let unnamed = batch.len().saturating_sub(event_ids.len());
+                        for i in 0..unnamed {
                             self.record(format!("unnamed-{}", first + i), false, ts, step);
+                        }
+                        for id in event_ids.into_iter().take(batch.len()) {
+                            self.record(id.to_string(), false, ts, step);
                         }
                     }
                     Err(_) => {}
@@ -561,6 +652,7 @@ impl Device {
                 self.fresh_start();
             }
             Step::Redrive => {
+                self.replayed = None;
                 if spool
                     .quarantine_redrive(&Selector::All)
                     .is_ok_and(|n| n > 0)
@@ -570,6 +662,7 @@ impl Device {
                 self.mark_redriven();
             }
             Step::PurgeQuarantine => {
+                self.replayed = None;
                 self.note_purgeable();
                 let _ = spool.quarantine_purge(&Selector::All);
             }
@@ -578,10 +671,11 @@ impl Device {
                     self.pause_hold = None;
                 }
             }
-            Step::Restart | Step::Crash => {}
+            Step::Restart | Step::Crash | Step::AtTake(_) => {}
             Step::SkewWall(ms) => self.clock.skew_wall(*ms),
             Step::Partition { ms } => self.partition_until = self.now() + ms,
             Step::RefuseBodies { ms } => self.refuse_until = self.now() + ms,
+            Step::Overloaded { ms } => self.overloaded_until = self.now() + ms,
             Step::SlowLink { ms } => self.slow_until = self.now() + ms,
             Step::FailWrites { k } => {
                 self.fault();
@@ -627,11 +721,54 @@ impl Device {
         let Some(spool) = self.spool() else { return };
         let _ = spool;
         for e in &mut self.events {
-            if !e.sent {
+            if !e.sent && !e.taken {
                 continue;
             }
             e.redriven = true;
         }
+    }
+
+    /// The batches the worker took since the last look: per lane, an event taken for the first
+    /// time must not leave behind an older one that was queued when a newer one was taken
+    /// first (docs/protocol.md: batches leave in timestamp order, as they were taken).
+    fn note_takes(&mut self) -> Result<(), Finding> {
+        let Some(st) = self.stepper.as_ref() else {
+            return Ok(());
+        };
+        for batch in st.taken() {
+            self.tick += 1;
+            let at = self.tick;
+            let mut first: [Option<(i64, usize)>; 2] = [None; 2];
+            for id in batch {
+                // An event of a `track_batch` whose error did not name it is learnt at its send.
+                let Some(&idx) = self.by_id.get(&id.to_string()) else {
+                    continue;
+                };
+                let ev = &mut self.events[idx];
+                let lane = usize::from(ev.critical);
+                if !ev.taken && !ev.redriven {
+                    let (front, front_at, by) = self.frontier[lane];
+                    if ev.ts_ms < front && ev.accepted_step < front_at {
+                        return Err(format!(
+                            "event {idx} (ts {}, tick {}) was queued when event {by} (ts {front}) was taken first at tick {front_at}",
+                            ev.ts_ms, ev.accepted_step
+                        ));
+                    }
+                    if first[lane].is_none_or(|(ts, _)| ev.ts_ms > ts) {
+                        first[lane] = Some((ev.ts_ms, idx));
+                    }
+                }
+                ev.taken = true;
+            }
+            for (lane, newest) in first.iter().enumerate() {
+                if let Some((ts, idx)) = newest
+                    && *ts >= self.frontier[lane].0
+                {
+                    self.frontier[lane] = (*ts, at, *idx);
+                }
+            }
+        }
+        Ok(())
     }
 
     /// `shutdown()`, then open again.
@@ -648,6 +785,7 @@ impl Device {
             if st.running() {
                 return Err("the worker did not stop after shutdown was asked".into());
             }
+            self.note_takes()?;
         }
         if let Some(spool) = self.spool.take() {
             let _ = spool.shutdown(std::time::Duration::ZERO);
@@ -677,6 +815,7 @@ impl Device {
     pub fn heal(&mut self) {
         self.healed = true;
         self.plan.truncate(self.next_step);
+        self.at_take = None;
         self.faults.disarm();
         self.disk_full_until = None;
         self.open();
@@ -698,8 +837,69 @@ impl Device {
 
     /// The world healed: [`Device::heal`], and the time this device may take to drain.
     pub fn heal_now(&mut self) -> Result<(), Finding> {
+        self.dirty = true;
         self.heal();
         self.pending_at_heal = self.pending();
+        Ok(())
+    }
+
+    /// Whether the index probe is over (or never ran: a device without a store).
+    pub fn probe_done(&self) -> bool {
+        self.probe == Probe::Done
+    }
+
+    /// While the probe runs: when its current phase began (its events must be delivered
+    /// within [`crate::world::LIVENESS_BASE_MS`] of it).
+    pub fn probe_since(&self) -> Option<u64> {
+        (self.probe != Probe::Off).then_some(self.probe_since)
+    }
+
+    /// The next phase of the probe that src/queue/store/frontier.rs's promise needs, once the
+    /// device holds nothing: a future-dated event goes to disk at the frontier and is
+    /// delivered; then an event behind it, which is indexed, is delivered (its batch read
+    /// finds no row in order left); then rows written in delivery order must skip the ordering
+    /// index again. Otherwise one event from a wrong clock would leave every later row indexed
+    /// and every batch read walking the table.
+    pub fn probe_step(&mut self) -> Result<(), Finding> {
+        self.dirty = true;
+        self.probe_since = self.now();
+        let Some(spool) = self.spool.clone() else {
+            self.probe = Probe::Done;
+            return Ok(());
+        };
+        let step = self.tick;
+        match self.probe {
+            Probe::Off => {
+                self.track("ok", When::Future(30), false, step);
+                let _ = spool.persist();
+                self.probe = Probe::Future;
+            }
+            Probe::Future => {
+                self.track("ok", When::Now, false, step);
+                let _ = spool.persist();
+                self.probe = Probe::Behind;
+            }
+            Probe::Behind => {
+                for _ in 0..3 {
+                    self.track("ok", When::Now, false, step);
+                }
+                let _ = spool.persist();
+                self.probe = Probe::Done;
+                let shape = self
+                    .stepper
+                    .as_ref()
+                    .and_then(|st| st.normal_rows_by_order());
+                if let Some(Ok((in_order, indexed))) = shape
+                    && indexed > 0
+                {
+                    return Err(format!(
+                        "after the store drained, {indexed} of {} rows written in delivery order went into the ordering index: a delivered future-dated event still holds the frontier",
+                        in_order + indexed
+                    ));
+                }
+            }
+            Probe::Done => {}
+        }
         Ok(())
     }
 

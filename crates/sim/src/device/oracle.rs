@@ -5,7 +5,7 @@
 use std::collections::HashSet;
 use std::io::Read;
 
-use eventspool::ListFilter;
+use eventspool::{DeliveryState, ListFilter};
 
 use super::{Device, Finding, lock};
 
@@ -51,6 +51,52 @@ impl Device {
                 "the spool counts {} delivered but the collector acknowledged {} in answers it read whole",
                 st.delivered, self.acks
             ));
+        }
+        // The countdown the UI shows is when the next automatic request may go: never before
+        // a collector's Retry-After in force (docs/delivery.md).
+        let now = self.now();
+        if let Some(hold) = self.retry_after_hold.filter(|h| *h > now) {
+            let shown = match spool.state().state {
+                DeliveryState::RetryScheduled { retry_in_ms, .. } => Some(retry_in_ms),
+                DeliveryState::WaitingForUser { probe_in_ms, .. } => Some(probe_in_ms),
+                _ => None,
+            };
+            if let Some(left) = shown
+                && now + left + 1_000 < hold
+            {
+                return Err(format!(
+                    "the UI says the next try is in {left} ms, but the collector's Retry-After holds for {} ms",
+                    hold - now
+                ));
+            }
+        }
+        // The directives whose answers landed are read now; a store fault since may have lost
+        // the record that they ran.
+        let landed = std::mem::take(&mut self.directive_landed);
+        if !self.faults.armed() {
+            for id in landed {
+                self.directive_faults.insert(id, self.figures.faults);
+            }
+        }
+        // A directive id applied before came again (docs/protocol.md §Directives: one-shot
+        // actions run once per id, whatever ids came between).
+        if let Some((id, redriven, quarantine, cap)) = self.replayed.take() {
+            let evicted = st.dropped.get("quarantine_cap").copied().unwrap_or(0) > cap;
+            let purged = quarantine
+                .iter()
+                .find(|(reason, n)| st.quarantine.get(*reason).copied().unwrap_or(0) < **n);
+            if st.redriven > redriven {
+                return Err(format!(
+                    "directive {id} came again and redrove {} dead letters again",
+                    st.redriven - redriven
+                ));
+            }
+            if let Some((reason, n)) = purged.filter(|_| !evicted) {
+                return Err(format!(
+                    "directive {id} came again and purged dead letters again ({reason}: {n} before, {} after)",
+                    st.quarantine.get(reason).copied().unwrap_or(0)
+                ));
+            }
         }
         // The files' sizes every 8th check: two stat calls each, the most costly check.
         self.checks += 1;

@@ -32,6 +32,7 @@ mod observers;
 pub(crate) mod quarantine;
 mod queue;
 pub mod retry;
+mod setting;
 mod shared;
 pub(crate) mod split;
 mod spool;

@@ -1,9 +1,29 @@
 //! Opening the store: the owner's lock, the connection configured and migrated, a damaged
 //! file moved aside for a fresh one, and the keys checked before anything is written. Apart
-//! from the rest because it runs once, before the store is shared with the worker.
+//! from the rest because none of it runs once there is a `Store` to use (the admin tools run
+//! the key check on their own connection).
 
 use super::count_at_close::queued_rows;
+use super::reads::{BODY, body_ad};
+use super::writes::{INSERT_EVENT, INSERT_EVENTS_MANY};
 use super::*;
+
+/// Why [`Store::connect`] gave no connection, short of an SQLite error.
+enum Refused {
+    /// Not a store this build may use: moved aside.
+    Unusable(schema::Unusable),
+    /// A wrong or missing key: refused, the file left as it was.
+    Key(Error),
+}
+
+/// A connection to a store that is ours, configured and migrated.
+struct Connected {
+    conn: Connection,
+    rows: u64,
+    page_size: u64,
+    wal: Arc<WalWatch>,
+    frontier: Frontier,
+}
 
 impl Store {
     /// Opens (or creates) the store. With `keys`, a wrong or missing key for the rows it holds

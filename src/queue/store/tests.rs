@@ -2,6 +2,8 @@
 //! budget, expiry, the ordering index, the row format and the count kept across a clean
 //! close. Kept apart from the code they test so the store's files stay readable.
 
+use super::reads::{QUEUED_COLUMNS, undecryptable_entry};
+use super::writes::evict_oldest;
 use super::*;
 use crate::quarantine::QuarantinedEvent;
 

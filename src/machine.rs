@@ -25,300 +25,22 @@
 use std::collections::VecDeque;
 
 use crate::classify::{Failure, Outcome};
-use crate::config::{BATCH_OVERHEAD_BYTES, Config};
+use crate::config::BATCH_OVERHEAD_BYTES;
 use crate::consent::Consent;
 use crate::event::{QueuedEvent, SendNote};
 use crate::quarantine::reason;
 use crate::retry::{AfterFailure, Episode, after_failure, next_delay_ms, probe_delay_ms};
 use crate::shared::{Control, DrainRequest};
 use crate::split::{LoneRefusal, SizeLimit, Split};
-use crate::state::{DeferReason, DeliveryConditions, DeliveryState, DrainOutcome, PauseReason};
-use crate::transport::{HttpResponse, TransportError};
+use crate::state::{DeferReason, DeliveryState, DrainOutcome, PauseReason};
+
+pub use io::{Action, Events, Input, send_note, timed_out};
+use mode::{Asked, Batch, Mode, Refused};
+pub use policy::{Jitter, Policy};
 
 /// How often a denial's deletion that failed (a store error, a reader holding the WAL) is tried
 /// again while consent stays denied.
 pub const DISCARD_RETRY_MS: u64 = 5_000;
-
-/// Events of a batch, each with whether it was read from the store (the queue gives it back or
-/// deletes it where it lives).
-pub type Events = Vec<(QueuedEvent, bool)>;
-
-/// The settings the transitions depend on (a copy of those of [`Config`]).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Policy {
-    pub flush_interval_ms: u64,
-    pub min_batch_interval_ms: u64,
-    pub max_batch_bytes: u64,
-    pub max_auto_attempts: u32,
-    pub backoff_base_ms: u64,
-    pub backoff_cap_ms: u64,
-    pub retry_after_cap_ms: u64,
-    pub max_retry_elapsed_ms: u64,
-    pub probe_base_ms: u64,
-    pub probe_cap_ms: u64,
-    pub max_event_sends: u32,
-    pub max_event_age_ms: u64,
-    pub deliver_on_metered: bool,
-    pub deliver_on_low_power: bool,
-    pub deliver_on_battery_low: bool,
-}
-
-impl Policy {
-    pub fn of(c: &Config) -> Policy {
-        Policy {
-            flush_interval_ms: c.flush_interval_ms,
-            min_batch_interval_ms: c.min_batch_interval_ms,
-            max_batch_bytes: c.max_batch_bytes,
-            max_auto_attempts: c.max_auto_attempts,
-            backoff_base_ms: c.backoff_base_ms,
-            backoff_cap_ms: c.backoff_cap_ms,
-            retry_after_cap_ms: c.retry_after_cap_ms,
-            max_retry_elapsed_ms: c.max_retry_elapsed_ms,
-            probe_base_ms: c.probe_base_ms,
-            probe_cap_ms: c.probe_cap_ms,
-            max_event_sends: c.max_event_sends,
-            max_event_age_ms: c.max_event_age_ms,
-            deliver_on_metered: c.deliver_on_metered,
-            deliver_on_low_power: c.deliver_on_low_power,
-            deliver_on_battery_low: c.deliver_on_battery_low,
-        }
-    }
-
-    /// Whether these conditions hold delivery back, and why. When several do, the reason shown
-    /// is the first of metered, low power, battery low: the one an app most often words as
-    /// "waiting for Wi-Fi".
-    pub fn defer_reason(&self, c: &DeliveryConditions) -> Option<DeferReason> {
-        if c.metered && !self.deliver_on_metered {
-            Some(DeferReason::Metered)
-        } else if c.low_power && !self.deliver_on_low_power {
-            Some(DeferReason::LowPower)
-        } else if c.battery_low && !self.deliver_on_battery_low {
-            Some(DeferReason::BatteryLow)
-        } else {
-            None
-        }
-    }
-}
-
-/// Where the jitter samples come from: a generator (seeded for reproducible runs), or one fixed
-/// unit, so a table row can name the exact deadline.
-#[derive(Debug)]
-pub enum Jitter {
-    Random(fastrand::Rng),
-    #[cfg_attr(not(test), allow(dead_code))]
-    Fixed(f64),
-}
-
-impl Jitter {
-    pub fn seeded(seed: Option<u64>) -> Jitter {
-        Jitter::Random(match seed {
-            Some(seed) => fastrand::Rng::with_seed(seed),
-            None => fastrand::Rng::new(),
-        })
-    }
-
-    fn unit(&mut self) -> f64 {
-        match self {
-            Jitter::Random(rng) => rng.f64(),
-            Jitter::Fixed(unit) => *unit,
-        }
-    }
-}
-
-/// What the machine is told.
-#[derive(Clone, Debug)]
-pub enum Input {
-    /// The app's verbs and edges since the driver last looked
-    /// ([`crate::shared::Shared::take_control`]), at `now_ms`.
-    Control { verbs: Control, now_ms: u64 },
-    /// The driver's turn (also after a timer fired): the monotonic and wall clocks, the events
-    /// pending, whether `flush_at` was reached since the last drain started, whether a
-    /// critical event was tracked since the last batch was assembled, and whether a denial's
-    /// deletion is still owed (it failed: [`Action::DiscardForConsent`] is tried again).
-    Tick {
-        now_ms: u64,
-        wall_ms: i64,
-        pending: u64,
-        flush_at: bool,
-        critical: bool,
-        discard_owed: bool,
-    },
-    /// The answer to [`Action::NextBatch`] / [`Action::ProbeBatch`]: the batch the queue leased,
-    /// in delivery order, or `None` when it is empty. `wall_ms` is read after it was taken.
-    Batch {
-        events: Option<Events>,
-        wall_ms: i64,
-    },
-    /// The fleet loop (src/fleet), before each [`Input::Tick`]: whether a client report waits
-    /// with nothing else to send (it goes with the next periodic flush, never sooner), and a
-    /// collector's `pause_until` as a delay from `now_ms` (no request before it; capped by
-    /// `retry_after_cap_ms`, as `Retry-After` is).
-    Fleet {
-        now_ms: u64,
-        report_due: bool,
-        pause_ms: Option<u64>,
-    },
-    /// The answer to [`Action::Send`] when the driver did not start it: between taking the batch
-    /// and sending it, the app withdrew its consent or opted out (README §Consent). Nothing left;
-    /// the batch goes back, and the control that follows says where the machine rests.
-    Withheld { now_ms: u64 },
-    /// The answer to [`Action::Send`]: `note` is what the transport's result says about the
-    /// send ([`SendNote::Answered`] for any HTTP answer, [`SendNote::NotSent`] for a refused
-    /// connection, `None` when the effect is unknown), `outcome` its classification,
-    /// `body_bytes` the body's size before compression, `timed_out` whether it ended in a
-    /// timeout ([`timed_out`]).
-    Answer {
-        now_ms: u64,
-        note: Option<SendNote>,
-        outcome: Outcome,
-        body_bytes: u64,
-        timed_out: bool,
-    },
-}
-
-/// What a transport's result says about the send: any HTTP answer means the collector saw it; a
-/// refused connection or a TLS failure means the request never went out; a timeout or a broken
-/// connection leaves the effect unknown (`None`).
-pub fn send_note(result: &Result<HttpResponse, TransportError>) -> Option<SendNote> {
-    match result {
-        Ok(_) => Some(SendNote::Answered),
-        Err(TransportError::Connect(_) | TransportError::Tls(_)) => Some(SendNote::NotSent),
-        Err(TransportError::Timeout | TransportError::Io(_)) => None,
-    }
-}
-
-/// Whether the attempt ended in a timeout (no byte moved for `attempt_timeout_ms`, or the
-/// attempt's ceiling): on a slow link that says the batch was too large for it, and teaches a
-/// smaller one ([`SizeLimit::for_stalls`]).
-pub fn timed_out(result: &Result<HttpResponse, TransportError>) -> bool {
-    matches!(result, Err(TransportError::Timeout))
-}
-
-/// What the driver does, in order.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Action {
-    /// Record and announce this state; `deadline_ms` (monotonic) is the retry or probe time the
-    /// countdown is computed from.
-    Publish {
-        state: DeliveryState,
-        deadline_ms: Option<u64>,
-    },
-    /// Sleep until `until_ms` (monotonic), or until the app asks for something; then a new turn.
-    Wait { until_ms: Option<u64> },
-    /// Clear the "flush_at reached" flag: a drain has started, or found the queue empty.
-    FlushAtSeen,
-    /// Drop what expired from the queue, lease the next batch of at most `room_bytes` of event
-    /// JSON, deliver deferred notices; answer with [`Input::Batch`].
-    NextBatch { room_bytes: u64 },
-    /// Lease the next batch (no expiry pass) to go first as a probe; answer with [`Input::Batch`].
-    ProbeBatch { room_bytes: u64 },
-    /// Send [`Machine::in_flight`] with this `X-Eventspool-Attempt` and `sent_at`; its events
-    /// already count this send, record [`SendNote::Sending`] for them in the queue first. Answer
-    /// with [`Input::Answer`].
-    Send { attempt: u32, wall_ms: i64 },
-    /// Record a send's bookkeeping for these events in the queue (they stay queued).
-    NoteSends { events: Events, note: SendNote },
-    /// Delivered: delete them from the queue and count them.
-    Ack(Events),
-    /// Move them to the quarantine with this reason (a [`crate::quarantine::reason`]).
-    Quarantine {
-        events: Events,
-        reason: &'static str,
-        detail: String,
-        status: Option<u16>,
-        attempts: u32,
-    },
-    /// They expired before they could be sent (again): delete them as `expired` and name them.
-    DropExpired(Events),
-    /// A 2xx listed this many `rejected` ids that name no event of its batch: count them.
-    UnmatchedRejections(u64),
-    /// Give them back to the queue, in place.
-    Release(Events),
-    /// The bounded drain `id` ended this way: hand it to its caller.
-    DrainDone { id: u64, outcome: DrainOutcome },
-    /// Consent was denied: delete every queued event and dead letter (README §Consent), after
-    /// any [`Action::Release`] before it. Also while a failed deletion is owed, every
-    /// [`DISCARD_RETRY_MS`].
-    DiscardForConsent,
-    /// Shutdown: the worker ends.
-    Stop,
-}
-
-/// Where the machine stands; the published [`DeliveryState`] is derived from it.
-#[derive(Clone, Debug)]
-enum Mode {
-    Idle,
-    Draining,
-    RetryWait {
-        attempt: u32,
-        deadline_ms: u64,
-        failure: Failure,
-    },
-    /// The budget is spent; the slow probe goes out at `probe_at_ms` (monotonic).
-    WaitingForUser {
-        attempts: u32,
-        failure: Failure,
-        probe_at_ms: u64,
-    },
-    Paused {
-        reason: PauseReason,
-        failure: Failure,
-    },
-    Offline,
-    Disabled,
-    /// Delivery waits for a condition, not a failure: consent `pending`, or the device's
-    /// conditions by the policy (see [`Policy::defer_reason`]).
-    Deferred {
-        reason: DeferReason,
-    },
-}
-
-/// A batch being delivered: its events, how many times this batch was sent (the quarantine
-/// records it; `X-Eventspool-Attempt` is derived from the events' own send counts, which outlive
-/// a batch), and the size of its last body before compression, for [`SizeLimit`].
-#[derive(Debug)]
-struct Batch {
-    events: Events,
-    attempts: u32,
-    body_bytes: u64,
-}
-
-impl Batch {
-    fn new(events: Events) -> Batch {
-        Batch {
-            events,
-            attempts: 0,
-            body_bytes: 0,
-        }
-    }
-}
-
-/// A lone event refused with 400/422/413 during a split, held until the split shows whether the
-/// collector refuses it or every request (see [`crate::split`]).
-#[derive(Debug)]
-struct Refused {
-    batch: Batch,
-    status: u16,
-    /// The quarantine reason it gets if the collector turns out to take other requests.
-    reason: &'static str,
-    detail: String,
-}
-
-/// The question asked with [`Action::NextBatch`] / [`Action::ProbeBatch`], waiting for its
-/// [`Input::Batch`].
-#[derive(Debug)]
-enum Asked {
-    /// The drain needs its next batch.
-    Drain,
-    /// A lone event past `max_event_sends` got no answer; a probe batch goes first if there is
-    /// one, the event waits behind it (see [`Machine::isolate_unanswered`]).
-    Probe {
-        lone: Batch,
-        failure: Failure,
-        retry_after_ms: Option<u64>,
-        now_ms: u64,
-    },
-}
 
 #[derive(Debug)]
 pub struct Machine {
@@ -1413,5 +1135,8 @@ impl Machine {
 }
 
 mod holds;
+mod io;
+mod mode;
+mod policy;
 #[cfg(test)]
 mod tests;

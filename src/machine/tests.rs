@@ -7,6 +7,7 @@
 use super::*;
 use crate::classify::classify;
 use crate::event::EventId;
+use crate::transport::{HttpResponse, TransportError};
 use std::time::{Duration, SystemTime};
 
 const NOW0: u64 = 1_000_000;

@@ -6,7 +6,7 @@
 
 use super::*;
 use crate::classify::classify;
-use crate::event::EventId;
+use crate::event::{EventId, SendNote};
 use crate::transport::{HttpResponse, TransportError};
 use std::time::{Duration, SystemTime};
 

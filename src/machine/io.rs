@@ -79,6 +79,8 @@ pub fn send_note(result: &Result<HttpResponse, TransportError>) -> Option<SendNo
 /// Whether the attempt ended in a timeout (no byte moved for `attempt_timeout_ms`, or the
 /// attempt's ceiling): on a slow link that says the batch was too large for it, and teaches a
 /// smaller one ([`SizeLimit::for_stalls`]).
+///
+/// [`SizeLimit::for_stalls`]: crate::split::SizeLimit::for_stalls
 pub fn timed_out(result: &Result<HttpResponse, TransportError>) -> bool {
     matches!(result, Err(TransportError::Timeout))
 }
@@ -104,6 +106,8 @@ pub enum Action {
     /// Send [`Machine::in_flight`] with this `X-Eventspool-Attempt` and `sent_at`; its events
     /// already count this send, record [`SendNote::Sending`] for them in the queue first. Answer
     /// with [`Input::Answer`].
+    ///
+    /// [`Machine::in_flight`]: super::Machine::in_flight
     Send { attempt: u32, wall_ms: i64 },
     /// Record a send's bookkeeping for these events in the queue (they stay queued).
     NoteSends { events: Events, note: SendNote },
@@ -128,6 +132,8 @@ pub enum Action {
     /// Consent was denied: delete every queued event and dead letter (README §Consent), after
     /// any [`Action::Release`] before it. Also while a failed deletion is owed, every
     /// [`DISCARD_RETRY_MS`].
+    ///
+    /// [`DISCARD_RETRY_MS`]: super::DISCARD_RETRY_MS
     DiscardForConsent,
     /// Shutdown: the worker ends.
     Stop,

@@ -8,6 +8,8 @@ use crate::classify::Failure;
 use crate::state::{DeferReason, PauseReason};
 
 /// Where the machine stands; the published [`DeliveryState`] is derived from it.
+///
+/// [`DeliveryState`]: crate::state::DeliveryState
 #[derive(Clone, Debug)]
 pub(super) enum Mode {
     Idle,
@@ -31,6 +33,8 @@ pub(super) enum Mode {
     Disabled,
     /// Delivery waits for a condition, not a failure: consent `pending`, or the device's
     /// conditions by the policy (see [`Policy::defer_reason`]).
+    ///
+    /// [`Policy::defer_reason`]: super::Policy::defer_reason
     Deferred {
         reason: DeferReason,
     },
@@ -39,6 +43,8 @@ pub(super) enum Mode {
 /// A batch being delivered: its events, how many times this batch was sent (the quarantine
 /// records it; `X-Eventspool-Attempt` is derived from the events' own send counts, which outlive
 /// a batch), and the size of its last body before compression, for [`SizeLimit`].
+///
+/// [`SizeLimit`]: crate::split::SizeLimit
 #[derive(Debug)]
 pub(super) struct Batch {
     pub(super) events: Events,
@@ -69,12 +75,18 @@ pub(super) struct Refused {
 
 /// The question asked with [`Action::NextBatch`] / [`Action::ProbeBatch`], waiting for its
 /// [`Input::Batch`].
+///
+/// [`Action::NextBatch`]: super::Action::NextBatch
+/// [`Action::ProbeBatch`]: super::Action::ProbeBatch
+/// [`Input::Batch`]: super::Input::Batch
 #[derive(Debug)]
 pub(super) enum Asked {
     /// The drain needs its next batch.
     Drain,
     /// A lone event past `max_event_sends` got no answer; a probe batch goes first if there is
     /// one, the event waits behind it (see [`Machine::isolate_unanswered`]).
+    ///
+    /// [`Machine::isolate_unanswered`]: super::Machine::isolate_unanswered
     Probe {
         lone: Batch,
         failure: Failure,

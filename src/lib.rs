@@ -23,6 +23,7 @@ pub mod classify;
 pub(crate) mod clock;
 pub(crate) mod config;
 mod consent;
+mod control;
 pub(crate) mod crypto;
 pub(crate) mod error;
 pub(crate) mod event;
@@ -38,6 +39,9 @@ pub(crate) mod split;
 mod spool;
 pub(crate) mod state;
 pub(crate) mod stats;
+mod sync;
+#[cfg(feature = "test-util")]
+mod take_point;
 #[cfg(feature = "test-util")]
 #[doc(hidden)]
 pub mod testing;

@@ -32,9 +32,9 @@ use std::collections::VecDeque;
 
 use crate::classify::Failure;
 use crate::consent::Consent;
+use crate::control::{Control, DrainRequest};
 use crate::event::QueuedEvent;
 use crate::retry::Episode;
-use crate::shared::{Control, DrainRequest};
 use crate::split::{SizeLimit, Split};
 use crate::state::{DeferReason, DeliveryState, DrainOutcome, PauseReason};
 

@@ -6,7 +6,7 @@
 
 use super::{Action, DISCARD_RETRY_MS, Machine, Mode};
 use crate::consent::Consent;
-use crate::shared::Control;
+use crate::control::Control;
 use crate::split::SizeLimit;
 use crate::state::{DeferReason, PauseReason};
 

@@ -5,8 +5,8 @@
 //! of [`crate::machine`] says how the two take turns.
 
 use crate::classify::Outcome;
+use crate::control::Control;
 use crate::event::{QueuedEvent, SendNote};
-use crate::shared::Control;
 use crate::state::{DeliveryState, DrainOutcome};
 use crate::transport::{HttpResponse, TransportError};
 

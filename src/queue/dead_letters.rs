@@ -11,8 +11,8 @@ use super::store::Store;
 use crate::error::Result;
 use crate::event::{EventId, QueuedEvent};
 use crate::quarantine::{ListFilter, QuarantinedEvent, Selector};
-use crate::shared::lock;
 use crate::stats::{DropReason, Entry};
+use crate::sync::lock;
 
 impl Queue {
     /// Stores quarantined events (SQLite or memory) and applies the quarantine's limits; the

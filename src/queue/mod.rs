@@ -43,9 +43,10 @@ use crate::config::Durability;
 use crate::error::{Error, Result};
 use crate::event::{EventId, QueuedEvent};
 use crate::quarantine::{MemoryQuarantine, Selector};
-use crate::shared::{Ledger, lock};
 use crate::state::Notice;
+use crate::stats::Ledger;
 use crate::stats::{DropReason, Entry};
+use crate::sync::lock;
 
 use buffer::MemoryBuffer;
 pub use buffer::SPILL_BACKLOG_MIN;

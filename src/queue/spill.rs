@@ -13,9 +13,9 @@ use super::{Queue, SPILL_BACKLOG_MIN};
 use crate::config::Durability;
 use crate::error::Result;
 use crate::event::QueuedEvent;
-use crate::shared::lock;
 use crate::state::Notice;
 use crate::stats::DropReason;
+use crate::sync::lock;
 
 /// How many events one spill takes while the spill lock is held. The delivery worker waits for
 /// the spill in progress before it reads the store, so this bounds its wait: on a loaded

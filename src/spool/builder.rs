@@ -11,13 +11,16 @@ use super::{EventSpool, Handle};
 use crate::clock::{Clock, SystemClock};
 use crate::config::{Config, Durability};
 use crate::consent::Consent;
+use crate::control::Control;
 use crate::error::{ConfigError, Error, Result};
 use crate::fleet::Fleet;
 use crate::observers::Observers;
 use crate::queue::{Queue, QueueParams};
-use crate::shared::{Control, Ledger, Shared, StateCell, lock};
+use crate::shared::{Shared, StateCell};
 use crate::state::{DeferReason, DeliveryObserver, DeliveryState, Notice};
 use crate::stats::Entry;
+use crate::stats::Ledger;
+use crate::sync::lock;
 use crate::transport::Transport;
 #[cfg(feature = "reqwest")]
 use crate::transport::{ReqwestTransport, TransportError};

@@ -15,9 +15,10 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::error::Result;
-use crate::shared::{Shared, lock};
+use crate::shared::Shared;
 use crate::state::Notice;
 use crate::stats::DropReason;
+use crate::sync::lock;
 
 pub use builder::SpoolBuilder;
 

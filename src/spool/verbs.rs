@@ -9,12 +9,13 @@ use std::time::{Duration, Instant};
 
 use super::EventSpool;
 use crate::consent::Consent;
+use crate::control::DrainRequest;
 use crate::error::{Error, Result};
 use crate::observers::ObserverHandle;
 use crate::quarantine::{ListFilter, QuarantinedEvent, Selector};
-use crate::shared::{DrainRequest, lock};
 use crate::state::{DeliveryConditions, DeliveryObserver, DeliveryStatus, DrainOutcome};
 use crate::stats::Stats;
+use crate::sync::lock;
 
 impl EventSpool {
     /// Tells the spool whether the device has a network. Offline means no attempts at all; the

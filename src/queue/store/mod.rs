@@ -42,7 +42,7 @@ use crate::event::{
     EventId, LANE_CRITICAL, LANE_NORMAL, OrderKey, QueuedEvent, SendNote, with_wire_head,
 };
 use crate::quarantine::{QuarantinedEvent, reason};
-use crate::shared::lock;
+use crate::sync::lock;
 
 pub use consent_sql::WAL_TRUNCATE_BOUND;
 use deletes::delete_unleased;

@@ -25,8 +25,9 @@ use serde::Deserialize;
 use crate::retry::parse_retry_after;
 use crate::transport::{HttpResponse, TransportError};
 
-/// At most this much of a response body is kept with a quarantined event, for triage.
-pub const MAX_KEPT_BODY_BYTES: usize = 1024;
+/// At most this much of a response body is kept with a quarantined event, for triage (defined
+/// with the read bound it sizes, in the transport module).
+pub use crate::transport::MAX_KEPT_BODY_BYTES;
 /// At most this many characters of a response's text go into a [`Failure`]: it is shown on one
 /// status line, where a proxy's error page would otherwise spill a dozen lines of HTML.
 pub const MAX_STATUS_TEXT_CHARS: usize = 120;

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use crate::consent::Consent;
 pub use crate::crypto::EncryptionKeys;
 use crate::error::ConfigError;
+pub use crate::setting::SettingValue;
 
 const KIB: u64 = 1024;
 const MIB: u64 = 1024 * KIB;
@@ -222,57 +223,6 @@ pub fn redacted_key(key: &impl crate::crypto::Redact) -> Option<String> {
 /// The default `max_disk_bytes`; also the cap a store opened for triage (no config) gets.
 pub const DEFAULT_MAX_DISK_BYTES: u64 = 10 * MIB;
 
-/// How a setting's text (CLI `--set`, environment, [`Config::set`]) becomes its value; the error
-/// names the setting.
-pub trait SettingValue: Sized {
-    fn parse(name: &str, value: &str) -> Result<Self, ConfigError>;
-}
-
-impl SettingValue for String {
-    fn parse(_: &str, value: &str) -> Result<Self, ConfigError> {
-        Ok(value.to_string())
-    }
-}
-
-/// Empty text means "none".
-impl SettingValue for Option<String> {
-    fn parse(_: &str, value: &str) -> Result<Self, ConfigError> {
-        Ok(non_empty(value))
-    }
-}
-
-impl SettingValue for Option<PathBuf> {
-    fn parse(_: &str, value: &str) -> Result<Self, ConfigError> {
-        Ok(non_empty(value).map(PathBuf::from))
-    }
-}
-
-impl SettingValue for u64 {
-    fn parse(name: &str, value: &str) -> Result<Self, ConfigError> {
-        parse_u64(name, value)
-    }
-}
-
-impl SettingValue for u32 {
-    fn parse(name: &str, value: &str) -> Result<Self, ConfigError> {
-        u32::try_from(parse_u64(name, value)?)
-            .map_err(|_| ConfigError::new(name, format!("{value} is too large")))
-    }
-}
-
-impl SettingValue for bool {
-    fn parse(name: &str, value: &str) -> Result<Self, ConfigError> {
-        match value {
-            "true" | "1" | "yes" => Ok(true),
-            "false" | "0" | "no" => Ok(false),
-            _ => Err(ConfigError::new(
-                name,
-                format!("'{value}' is not true or false"),
-            )),
-        }
-    }
-}
-
 impl SettingValue for Compression {
     fn parse(name: &str, value: &str) -> Result<Self, ConfigError> {
         match value {
@@ -379,18 +329,6 @@ pub(crate) fn check_api_key(key: &str) -> Result<(), ConfigError> {
         ));
     }
     Ok(())
-}
-
-fn non_empty(value: &str) -> Option<String> {
-    (!value.is_empty()).then(|| value.to_string())
-}
-
-fn parse_u64(name: &str, value: &str) -> Result<u64, ConfigError> {
-    value
-        .trim()
-        .replace('_', "")
-        .parse::<u64>()
-        .map_err(|_| ConfigError::new(name, format!("'{value}' is not a whole number")))
 }
 
 /// `https://` anywhere; `http://` only to loopback, unless the app says otherwise on purpose.

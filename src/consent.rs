@@ -5,8 +5,8 @@
 //! everything after), or refused (`Denied`: delete what was kept, refuse new events). An opt-out
 //! switch (`set_enabled`) has only two, and cannot keep events while the question is open.
 
-use crate::config::SettingValue;
 use crate::error::ConfigError;
+use crate::setting::SettingValue;
 
 /// The user's answer to "may we send your events?". Exhaustive: an app switching over it must
 /// handle every answer.

@@ -104,7 +104,7 @@ impl std::fmt::Debug for EncryptionKeys {
 
 /// `ID:HEX[,ID:HEX…]` (64 hex digits a key), the CLI's and environment's form; empty is none.
 /// Errors name the key id, never the key.
-impl crate::config::SettingValue for EncryptionKeys {
+impl crate::setting::SettingValue for EncryptionKeys {
     fn parse(name: &str, value: &str) -> Result<Self, ConfigError> {
         let mut keys = Vec::new();
         for (i, item) in value.split(',').map(str::trim).enumerate() {
@@ -314,7 +314,7 @@ fn open_with(cipher: &XChaCha20Poly1305, aad: &[u8], sealed: &[u8]) -> Result<Ve
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::SettingValue;
+    use crate::setting::SettingValue;
     use rusqlite::types::ValueRef;
 
     fn sealed<'a>(s: &'a Stored<'_>) -> &'a [u8] {

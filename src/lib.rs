@@ -23,6 +23,7 @@ pub mod classify;
 pub(crate) mod clock;
 pub(crate) mod config;
 mod consent;
+mod control;
 pub(crate) mod crypto;
 pub(crate) mod error;
 pub(crate) mod event;
@@ -32,11 +33,15 @@ mod observers;
 pub(crate) mod quarantine;
 mod queue;
 pub mod retry;
+mod setting;
 mod shared;
 pub(crate) mod split;
 mod spool;
 pub(crate) mod state;
 pub(crate) mod stats;
+mod sync;
+#[cfg(feature = "test-util")]
+mod take_point;
 #[cfg(feature = "test-util")]
 #[doc(hidden)]
 pub mod testing;

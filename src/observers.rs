@@ -15,8 +15,8 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
-use crate::shared::lock;
 use crate::state::{DeliveryObserver, DeliveryStatus, Notice};
+use crate::sync::lock;
 
 /// Every registered observer, in registration order.
 pub(crate) struct Observers {

@@ -5,83 +5,19 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 
 use crate::clock::Clock;
 use crate::config::Config;
+use crate::control::{Control, DrainRequest};
 use crate::error::Result;
 use crate::fleet::Fleet;
 use crate::observers::Observers;
 use crate::queue::Queue;
-use crate::state::{
-    DeliveryConditions, DeliveryObserver, DeliveryState, DeliveryStatus, DrainOutcome, Notice,
-};
-use crate::stats::Counters;
+use crate::state::{DeliveryObserver, DeliveryState, DeliveryStatus, DrainOutcome, Notice};
+use crate::stats::Ledger;
+use crate::sync::lock;
 use crate::transport::Transport;
-
-/// Locks a mutex even if a panicking thread poisoned it: every structure behind these locks is
-/// left consistent between statements, and a caught panic must not wedge the app's `track()`.
-pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// Requests from the app to the worker. Edges (`retry_now`, `dismiss`, ...) are consumed once.
-#[derive(Clone, Debug)]
-pub struct Control {
-    pub online: bool,
-    pub online_changed: bool,
-    pub enabled: bool,
-    pub enabled_changed: bool,
-    pub flush: bool,
-    pub retry_now: bool,
-    pub dismiss: bool,
-    pub resume: bool,
-    pub api_key_changed: bool,
-    /// Whether the app is in the foreground; the background → foreground edge starts a fresh
-    /// failure episode, as a reconnect does.
-    pub foreground: bool,
-    pub foreground_changed: bool,
-    /// What the platform last said about the device (`set_conditions`); the machine compares
-    /// it with the config's policy itself, so a level is enough, no edge.
-    pub conditions: DeliveryConditions,
-    /// Bounded drains asked for since the worker last looked (`deliver_within`).
-    pub drains: Vec<DrainRequest>,
-    /// Tracking consent ([`crate::Consent`]); its changes are an edge like `enabled`'s.
-    pub consent: crate::Consent,
-    pub consent_changed: bool,
-    pub shutdown: bool,
-}
-
-/// One `deliver_within` call: its number (its reply waits under it in [`Shared::drains`]) and
-/// when its budget ends on the spool's monotonic clock.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DrainRequest {
-    pub id: u64,
-    pub deadline_ms: u64,
-}
-
-impl Default for Control {
-    fn default() -> Self {
-        Control {
-            online: true,
-            online_changed: false,
-            enabled: true,
-            enabled_changed: false,
-            flush: false,
-            retry_now: false,
-            dismiss: false,
-            resume: false,
-            api_key_changed: false,
-            foreground: true,
-            foreground_changed: false,
-            conditions: DeliveryConditions::default(),
-            drains: Vec::new(),
-            consent: crate::Consent::Granted,
-            consent_changed: false,
-            shutdown: false,
-        }
-    }
-}
 
 /// The published state; a retry (or probe) deadline is kept on the monotonic clock so `state()`
 /// can say how long is left at the moment it is called.
@@ -152,7 +88,7 @@ pub struct Shared {
     /// The moment between taking a batch and sending it, as a simulation steps it
     /// ([`crate::testing::Stepper`]).
     #[cfg(feature = "test-util")]
-    pub take_point: crate::testing::TakePoint,
+    pub take_point: crate::take_point::TakePoint,
 }
 
 /// The bounded drains waiting for an outcome (see [`Shared::drains`]).
@@ -160,19 +96,6 @@ pub struct Shared {
 pub struct Drains {
     pub next_id: u64,
     pub waiting: Vec<(DrainRequest, std::sync::mpsc::Sender<DrainOutcome>)>,
-}
-
-/// The spool's counters, shared by the handle, the worker and the queue. A newtype so that
-/// `counters.drop(reason, n)` keeps meaning [`Counters::drop`] (on an `Arc` it would name the
-/// destructor).
-#[derive(Clone, Default)]
-pub struct Ledger(Arc<Counters>);
-
-impl std::ops::Deref for Ledger {
-    type Target = Counters;
-    fn deref(&self) -> &Counters {
-        &self.0
-    }
 }
 
 thread_local! {

@@ -364,3 +364,16 @@ mod tests {
         assert!(counters.snapshot().balances());
     }
 }
+
+/// The spool's counters, shared by the handle, the worker and the queue. A newtype so that
+/// `counters.drop(reason, n)` keeps meaning [`Counters::drop`] (on an `Arc` it would name the
+/// destructor).
+#[derive(Clone, Default)]
+pub struct Ledger(std::sync::Arc<Counters>);
+
+impl std::ops::Deref for Ledger {
+    type Target = Counters;
+    fn deref(&self) -> &Counters {
+        &self.0
+    }
+}

@@ -189,44 +189,6 @@ impl Stepper {
     }
 }
 
-/// The worker's moment between taking a batch and sending it, for a [`Stepper`]: the batches it
-/// took, and a pause there when asked.
-#[derive(Default)]
-pub struct TakePoint {
-    taken: Mutex<Vec<Vec<crate::EventId>>>,
-    /// Only a stepped spool notes its batches: a spool on its own threads would keep every id.
-    record: std::sync::atomic::AtomicBool,
-    pause: std::sync::atomic::AtomicBool,
-    paused: std::sync::atomic::AtomicBool,
-}
-
-impl TakePoint {
-    /// Called by the worker after every take: notes the batch, and returns `Pending` once (its
-    /// waker woken at once) when a pause was asked for, so a stepped worker's poll ends here.
-    pub(crate) async fn taken(&self, events: Option<&[(crate::event::QueuedEvent, bool)]>) {
-        use std::sync::atomic::Ordering;
-        let Some(events) = events.filter(|e| !e.is_empty()) else {
-            return;
-        };
-        if self.record.load(Ordering::Relaxed) {
-            lock_local(&self.taken).push(events.iter().map(|(e, _)| e.id).collect());
-        }
-        if self.pause.swap(false, Ordering::SeqCst) {
-            self.paused.store(true, Ordering::SeqCst);
-            let mut yielded = false;
-            std::future::poll_fn(|cx| {
-                if yielded {
-                    return std::task::Poll::Ready(());
-                }
-                yielded = true;
-                cx.waker().wake_by_ref();
-                std::task::Poll::Pending
-            })
-            .await;
-        }
-    }
-}
-
 fn lock_local<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }

@@ -2,11 +2,7 @@
 //! drains, no client retries beyond its budget), never of speed. The full-size run with the
 //! comparison table is `cargo run --release --example fleet`.
 
-// The example reads fields and helpers this test has no use for.
-#[allow(dead_code)]
-#[path = "../examples/fleet/sim.rs"]
-mod sim;
-
+use eventspool_testkit::fleet_sim as sim;
 use sim::{Jitter, Params};
 
 fn small(jitter: Jitter) -> Params {

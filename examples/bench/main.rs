@@ -13,10 +13,9 @@ mod critical;
 mod rss;
 mod slowlink;
 mod store;
-#[path = "../../tests/support/throttle.rs"]
-mod throttle;
 mod track;
 
+use eventspool_testkit::throttle;
 use serde_json::{Value, json};
 
 /// The benchmark event: 6 properties, about 250 bytes on the wire with its id and timestamp.

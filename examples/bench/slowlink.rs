@@ -1,5 +1,5 @@
 //! Delivery over a slow uplink: 400 events of 1 KB (incompressible properties, sent without
-//! gzip) through the throttling proxy of tests/support/throttle.rs in front of the reference
+//! gzip) through the throttling proxy of `eventspool_testkit::throttle` in front of the reference
 //! collector, at 20, 8 and 2 KB/s with 300 ms latency and the default config.
 //!
 //! Scaled so the run stays short: each link runs [`SCALE`] times faster with the latency and

@@ -3,7 +3,7 @@
 //! jitter with no jitter and equal jitter (those two exist only in the simulation).
 //!
 //! `cargo run --release --example fleet [-- --clients N --capacity C --reconnect-spread-ms MS]`
-//! Human table on stderr, JSON on stdout. See `sim.rs` for the model.
+//! Human table on stderr, JSON on stdout. See `eventspool_testkit::fleet_sim` for the model.
 //!
 //! `cargo run --release --example fleet -- --real [--clients N
 //! --batches N --reconnect-spread-ms MS]` drives the real topology instead (nats-server, three
@@ -11,9 +11,8 @@
 
 #[path = "real.rs"]
 mod real;
-#[path = "sim.rs"]
-mod sim;
 
+use eventspool_testkit::fleet_sim as sim;
 use sim::{Jitter, Params, Report};
 
 fn arg(name: &str) -> Option<u64> {

@@ -30,8 +30,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use serde_json::Value;
 
 use crate::queue::Queue;
-use crate::shared::lock;
 use crate::stats::{DirectiveInForce, Stats};
+use crate::sync::lock;
 use directive::Directive;
 use report::Tally;
 

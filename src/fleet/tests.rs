@@ -12,7 +12,7 @@ use serde_json::Value;
 use super::*;
 use crate::config::Durability;
 use crate::queue::QueueParams;
-use crate::shared::Ledger;
+use crate::stats::Ledger;
 
 fn queue() -> Queue {
     let params = QueueParams {

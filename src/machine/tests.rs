@@ -6,7 +6,8 @@
 
 use super::*;
 use crate::classify::classify;
-use crate::event::EventId;
+use crate::event::{EventId, SendNote};
+use crate::transport::{HttpResponse, TransportError};
 use std::time::{Duration, SystemTime};
 
 const NOW0: u64 = 1_000_000;

@@ -4,8 +4,8 @@
 use super::{Queue, Store, store};
 use crate::error::{Error, Result};
 use crate::quarantine::Selector;
-use crate::shared::lock;
 use crate::stats::DropReason;
+use crate::sync::lock;
 pub use store::WAL_TRUNCATE_BOUND;
 
 /// At open, before the queue is read: a store whose record says `denied` has its kept events

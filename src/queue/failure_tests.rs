@@ -5,8 +5,10 @@
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
+use super::spill::{SPILL_CHUNK, SPILL_RETRY_FIRST};
 use super::*;
 use crate::event::EventId;
+use crate::quarantine::QuarantinedEvent;
 use crate::stats::{Entry, Exit};
 use store::faults::{FaultError, FaultSite, StoreFaults};
 

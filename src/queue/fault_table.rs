@@ -8,6 +8,8 @@ use std::collections::HashMap;
 
 use super::failure_tests::{Faulty, event_of, params_of};
 use super::*;
+use crate::event::SendNote;
+use crate::quarantine::QuarantinedEvent;
 use crate::stats::{Entry, Exit};
 use store::faults::{FaultError, FaultSite};
 

@@ -19,7 +19,11 @@ pub const RESPONSE_BASE_BYTES: usize = 64 * 1024;
 
 /// The longest `reason` of a rejected event, as encoded in the answer's JSON, that the read bound
 /// makes room for: what the quarantine keeps of the collector's words anyway (see `classify`).
-pub const MAX_REJECTION_REASON_BYTES: usize = crate::classify::MAX_KEPT_BODY_BYTES;
+pub const MAX_REJECTION_REASON_BYTES: usize = MAX_KEPT_BODY_BYTES;
+
+/// At most this much of a response body is kept with a quarantined event, for triage
+/// (`classify` cuts reasons and bodies to it).
+pub const MAX_KEPT_BODY_BYTES: usize = 1024;
 
 /// One `rejected` entry besides its reason: `{"event_id":"<36-char UUID>","reason":""},` is 52
 /// bytes; the rest is room for whitespace and extra fields a collector may add.

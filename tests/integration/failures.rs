@@ -246,13 +246,7 @@ fn other_4xx_and_redirects_pause_as_config() {
 #[test]
 fn retry_after_is_honoured_on_the_driven_clock_and_capped() {
     let rig = rig()
-        .collector(|c| {
-            c.push_script([Scripted::Status {
-                status: 429,
-                body: String::new(),
-                headers: vec![("Retry-After".into(), "7".into())],
-            }])
-        })
+        .collector(|c| c.push_script([retry_after_429("7")]))
         .open();
     let Rig {
         collector,
@@ -301,12 +295,17 @@ fn retry_after_is_honoured_on_the_driven_clock_and_capped() {
 
 fn collector_with_retry_after(value: &str) -> eventspool_collector::ReferenceCollector {
     let c = collector();
-    c.push_script([Scripted::Status {
+    c.push_script([retry_after_429(value)]);
+    c
+}
+
+/// A 429 asking to wait `Retry-After: value`.
+fn retry_after_429(value: &str) -> Scripted {
+    Scripted::Status {
         status: 429,
         body: String::new(),
         headers: vec![("Retry-After".into(), value.into())],
-    }]);
-    c
+    }
 }
 
 /// Every 503 asks `Retry-After: 3` and the jitter window is 1 ms (always 0), so each retry waits

@@ -10,8 +10,6 @@ mod critical;
 mod directives;
 mod drain;
 mod encryption;
-#[path = "../support/episode.rs"]
-mod episode;
 mod event_record;
 mod failures;
 mod fleet_loop;
@@ -19,10 +17,9 @@ mod observers;
 mod pipeline;
 mod policy;
 mod quarantine;
-mod reentrant;
 mod rig;
 mod slowlink;
-#[path = "../support/throttle.rs"]
-mod throttle;
 mod upgrade;
 mod wrong_network;
+
+use eventspool_testkit::{episode, reentrant, throttle};

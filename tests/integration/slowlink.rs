@@ -1,6 +1,6 @@
 //! A slow uplink still delivers: a batch that takes longer than `attempt_timeout_ms` to upload
 //! is not cut while its bytes keep moving, and a timeout teaches a smaller batch. The link is
-//! the throttling proxy of tests/support/throttle.rs in front of the reference collector, both
+//! the throttling proxy of `eventspool_testkit::throttle` in front of the reference collector, both
 //! on 127.0.0.1, with the spool's real clock.
 //!
 //! Scaled so the test is short: the link of issue 26 (8 KB/s up, 300 ms latency, the default

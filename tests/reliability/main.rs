@@ -8,10 +8,8 @@ mod denial;
 mod hostile;
 mod model;
 mod props;
-#[path = "../integration/reentrant.rs"]
-mod reentrant;
 mod secrets;
 mod soak;
 mod store_faults;
-#[path = "../support/tinyfs.rs"]
-mod tinyfs;
+
+use eventspool_testkit::{reentrant, tinyfs};

@@ -9,10 +9,6 @@ use std::time::{Duration, Instant};
 
 use crate::process::{example_binary, free_port, signal, wait_exit};
 
-#[path = "../../crates/cli/tests/proxy/nginx.rs"]
-#[allow(dead_code)]
-mod proxy_nginx;
-
 /// Start-up includes connecting to the broker and looking up the stream.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -201,7 +197,7 @@ pub struct LoadBalancer {
 
 impl LoadBalancer {
     pub fn start(upstreams: &[SocketAddr]) -> LoadBalancer {
-        let binary = proxy_nginx::binary();
+        let binary = eventspool_testkit::nginx::binary();
         let dir = tempfile::tempdir().expect("temp dir for nginx");
         let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
         std::fs::write(

@@ -9,6 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use eventspool_testkit::tinyfs;
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_eventspool");
@@ -743,9 +744,6 @@ fn send_with_consent_pending_keeps_everything_and_stops() {
         "the initial state, recorded: {status}"
     );
 }
-
-#[path = "../../../tests/support/tinyfs.rs"]
-mod tinyfs;
 
 /// A store on a file system that fills mid-run (a 1 MiB tmpfs, the cap set far above it): the
 /// summary is printed with the store's error, exit 1; what was not tracked or not kept is

@@ -12,6 +12,7 @@ pub mod collector;
 pub mod device;
 pub mod net;
 pub mod plan;
+pub mod trace;
 pub mod world;
 
 pub use world::{Failure, Params, Report, run, shrink};

@@ -4,7 +4,6 @@
 //! the world heals and every device must drain by itself (liveness), then every event is
 //! audited. The same seed gives the same trace, hashed.
 
-use std::collections::VecDeque;
 use std::fmt;
 use std::hash::Hasher;
 use std::panic::AssertUnwindSafe;
@@ -13,14 +12,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::clock::SimClock;
-use crate::device::{Device, Figures, RETRY_AFTER_CAP_MS};
+use crate::device::{Device, Figures, LIVENESS_BASE_MS};
 use crate::plan::{self, HOUR_MS, MINUTE_MS, Plan};
-
-/// After the world heals, every device drains within this (the longest probe wait, a
-/// collector's longest hold, and room for backoff), plus [`LIVENESS_PER_EVENT_MS`] per event
-/// it holds (the throttle between batches).
-pub const LIVENESS_BASE_MS: u64 = 15 * MINUTE_MS + RETRY_AFTER_CAP_MS + 10 * MINUTE_MS;
-pub const LIVENESS_PER_EVENT_MS: u64 = 50;
+use crate::trace::Fnv;
 
 /// What to run.
 #[derive(Clone, Debug)]
@@ -85,64 +79,6 @@ impl fmt::Display for Failure {
             writeln!(f, "  {line}")?;
         }
         Ok(())
-    }
-}
-
-/// A device's trace: every step, request and answer, hashed; the last lines kept for a report.
-#[derive(Default)]
-pub struct Trace {
-    hasher: Fnv,
-    recent: VecDeque<String>,
-}
-
-impl Trace {
-    pub fn line(&mut self, now_ms: u64, what: fmt::Arguments<'_>) {
-        let line = format!("{:>10.3}s {what}", now_ms as f64 / 1000.0);
-        self.hasher.write(line.as_bytes());
-        if echo() {
-            eprintln!("{line}");
-        }
-        if self.recent.len() == 40 {
-            self.recent.pop_front();
-        }
-        self.recent.push_back(line);
-    }
-
-    pub fn recent(&self) -> Vec<String> {
-        self.recent.iter().cloned().collect()
-    }
-
-    pub fn hash(&self) -> u64 {
-        self.hasher.finish()
-    }
-}
-
-/// `EVENTSPOOL_SIM_ECHO=1` prints every trace line as it happens (run it with `--device`).
-fn echo() -> bool {
-    static ECHO: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ECHO.get_or_init(|| std::env::var_os("EVENTSPOOL_SIM_ECHO").is_some_and(|v| v == "1"))
-}
-
-/// FNV-1a: a hash whose value is the same in every build, so a trace hash can be compared
-/// across runs and machines.
-struct Fnv(u64);
-
-impl Default for Fnv {
-    fn default() -> Fnv {
-        Fnv(0xcbf2_9ce4_8422_2325)
-    }
-}
-
-impl Hasher for Fnv {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 ^= u64::from(*b);
-            self.0 = self.0.wrapping_mul(0x0100_0000_01b3);
-        }
     }
 }
 

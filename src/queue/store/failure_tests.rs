@@ -2,6 +2,7 @@
 //! is written, sealed rows whose clear columns were changed, the frontier after a future-dated
 //! event, reads past damaged rows.
 
+use super::reads::BODY;
 use super::*;
 use crate::crypto::EncryptionKeys;
 

@@ -6,7 +6,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use eventspool::{Clock, Config, EventSpool, ListFilter, ManualClock};
+use eventspool::{Clock, Config, EventSpool, ListFilter, ManualClock, Stats};
 use eventspool_collector::{Behavior, CollectorConfig, ReferenceCollector};
 use serde_json::{Value, json};
 
@@ -125,6 +125,17 @@ pub fn report(scenario: &str, nginx: &Nginx, requests: u64, delivered: u64, quar
         statuses.values().sum::<u64>(),
         requests,
         "every request the app sent reached nginx once: {statuses:?}"
+    );
+}
+
+/// [`report`] of a spool's own figures.
+pub fn report_stats(scenario: &str, nginx: &Nginx, stats: &Stats) {
+    report(
+        scenario,
+        nginx,
+        stats.requests,
+        stats.delivered,
+        stats.quarantined,
     );
 }
 

@@ -9,8 +9,7 @@
 //! events delivered and quarantined — `cargo test --workspace --all-features --test proxy -- --nocapture`.
 //! (The suite lives in the CLI's crate: the oversize-header scenario runs the real binary.)
 
-#[path = "../../../../tests/support/episode.rs"]
-mod episode;
 mod harness;
-mod nginx;
 mod scenarios;
+
+use eventspool_testkit::{episode, nginx};

@@ -29,13 +29,7 @@ fn pass_through_delivers_every_event_once() {
     spool.set_online(true);
     assert!(spool.wait_drained(WAIT), "state {}", spool.state());
     let stats = spool.stats();
-    report(
-        "pass-through",
-        &nginx,
-        stats.requests,
-        stats.delivered,
-        stats.quarantined,
-    );
+    report_stats("pass-through", &nginx, &stats);
     check_ledger(&collector, &spool, &tracked, &[]);
     assert_eq!(stats.delivered, 1000);
     assert_eq!(stats.requests, 10, "100 events per batch");
@@ -75,13 +69,7 @@ fn body_limit_413_isolates_the_one_event_over_it() {
     spool.set_online(true);
     assert!(spool.wait_drained(WAIT), "state {}", spool.state());
     let stats = spool.stats();
-    report(
-        "413 one event over client_max_body_size",
-        &nginx,
-        stats.requests,
-        stats.delivered,
-        stats.quarantined,
-    );
+    report_stats("413 one event over client_max_body_size", &nginx, &stats);
     check_ledger(
         &collector,
         &spool,
@@ -119,13 +107,7 @@ fn body_limit_413_costs_at_most_a_tenth_extra_requests() {
     spool.set_online(true);
     assert!(spool.wait_drained(WAIT), "state {}", spool.state());
     let stats = spool.stats();
-    report(
-        "413 remembered size, 3000 small events",
-        &nginx,
-        stats.requests,
-        stats.delivered,
-        stats.quarantined,
-    );
+    report_stats("413 remembered size, 3000 small events", &nginx, &stats);
     check_ledger(&collector, &spool, &tracked, &[]);
     assert_eq!(stats.delivered, 3000);
     let statuses = nginx.statuses(stats.requests);
@@ -316,13 +298,7 @@ fn read_timeout_504_after_the_collector_stored_resends_the_same_ids() {
     spool.set_online(true);
     assert!(spool.wait_drained(WAIT), "state {}", spool.state());
     let stats = spool.stats();
-    report(
-        "504 read timeout after store",
-        &nginx,
-        stats.requests,
-        stats.delivered,
-        stats.quarantined,
-    );
+    report_stats("504 read timeout after store", &nginx, &stats);
     check_ledger(&collector, &spool, &tracked, &[]);
     assert_eq!(stats.delivered, 200);
     let statuses = nginx.statuses(stats.requests);
@@ -465,13 +441,7 @@ fn gateway_401_pauses_until_a_new_key() {
     spool.set_api_key(Some("k-good".into())).unwrap();
     assert!(spool.wait_drained(WAIT), "state {}", spool.state());
     let stats = spool.stats();
-    report(
-        "401 from the gateway",
-        &nginx,
-        stats.requests,
-        stats.delivered,
-        stats.quarantined,
-    );
+    report_stats("401 from the gateway", &nginx, &stats);
     assert_eq!(stats.delivered, 200);
     assert_eq!(nginx.statuses(stats.requests).get(&401), Some(&1));
     check_ledger(&collector, &spool, &tracked, &[]);

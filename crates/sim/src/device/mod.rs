@@ -7,22 +7,24 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use eventspool::testing::Stepper;
-use eventspool::{
-    Config, Consent, DeliveryConditions, DeliveryObserver, DeliveryState, DeliveryStatus,
-    Durability, EventSpool, FaultError, FaultSite, ListFilter, NewEvent, Notice, Selector,
-    StoreFaults, format_timestamp,
-};
-use serde_json::{Value, json};
+use eventspool::{Config, Consent, DeliveryState, Durability, EventSpool, StoreFaults};
 
+mod app;
 mod exchange;
+mod heal;
+mod observer;
 mod oracle;
+
+use heal::Probe;
+pub use heal::{LIVENESS_BASE_MS, LIVENESS_PER_EVENT_MS};
+use observer::{Heard, Observer};
 
 use exchange::Flight;
 
 use crate::clock::{DeviceClock, SimClock};
 use crate::collector::Collector;
 use crate::net::{Link, SimTransport};
-use crate::plan::{HOUR_MS, MINUTE_MS, Plan, SECOND_MS, Step, When};
+use crate::plan::{HOUR_MS, Plan, SECOND_MS, Step};
 
 /// `retry_after_cap_ms` of every simulated device: the longest a collector can hold it.
 pub const RETRY_AFTER_CAP_MS: u64 = 300 * SECOND_MS;
@@ -50,63 +52,6 @@ struct Ev {
     redriven: bool,
     /// Not on disk for sure when the process died or a denial deleted: may be gone uncounted.
     exposed: bool,
-}
-
-/// What the observers heard.
-#[derive(Default)]
-struct Heard {
-    dropped: HashMap<String, String>,
-    findings: Vec<Finding>,
-    last_countdown: Option<(u32, i64)>,
-}
-
-struct Observer(Arc<Mutex<Heard>>);
-
-impl DeliveryObserver for Observer {
-    fn on_state(&self, status: &DeliveryStatus) {
-        let mut h = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        if let DeliveryState::RetryScheduled {
-            attempt,
-            max_attempts,
-            ..
-        } = status.state
-            && attempt > max_attempts
-        {
-            h.findings.push(format!(
-                "the UI is told attempt {attempt} of {max_attempts}"
-            ));
-        }
-        if let DeliveryState::WaitingForUser { attempts: 0, .. } = status.state {
-            let line = status.to_string();
-            if line.contains(" 0 attempt") {
-                h.findings
-                    .push(format!("the UI's status line says: {line}"));
-            }
-        }
-        if status.pending > 0 && status.state == DeliveryState::Idle {
-            h.last_countdown = None;
-        }
-    }
-
-    fn on_notice(&self, notice: &Notice) {
-        if let Notice::EventsDropped { reason, event_ids } = notice {
-            let mut h = self.0.lock().unwrap_or_else(|p| p.into_inner());
-            for id in event_ids {
-                h.dropped.insert(id.clone(), reason.clone());
-            }
-        }
-    }
-}
-
-/// The phases of the index probe after the world healed: a future-dated event, then one
-/// written behind it, then rows in delivery order, each phase once the last one's events are
-/// delivered.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Probe {
-    Off,
-    Future,
-    Behind,
-    Done,
 }
 
 /// The figures of a run.
@@ -194,7 +139,7 @@ pub struct Device {
     /// Dead letters a purge (the app's or a directive's) may have deleted.
     purgeable: HashSet<String>,
     pub figures: Figures,
-    pub trace: crate::world::Trace,
+    pub trace: crate::trace::Trace,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -289,7 +234,7 @@ impl Device {
             tick: 0,
             purgeable: HashSet::new(),
             figures: Figures::default(),
-            trace: crate::world::Trace::default(),
+            trace: crate::trace::Trace::default(),
         }
     }
 
@@ -462,272 +407,6 @@ impl Device {
         self.failing.entry(hour).or_default().1 += 1;
     }
 
-    fn payload(&self, idx: usize) -> Value {
-        json!({"p": format!("SIMPAYLOAD-{idx}-"), "pad": "x".repeat(idx * 37 % 400)})
-    }
-
-    fn new_event(&self, name: &str, when: When, idx: usize) -> NewEvent {
-        let mut e = NewEvent::new(name, self.payload(idx));
-        let at = match when {
-            When::Now => None,
-            When::Past(min) => Some(self.wall() - i64::from(min) * MINUTE_MS as i64),
-            When::Future(min) => Some(self.wall() + i64::from(min) * MINUTE_MS as i64),
-        };
-        e.timestamp = at.map(format_timestamp);
-        e
-    }
-
-    fn record(&mut self, id: String, critical: bool, ts_ms: i64, step: u64) {
-        self.by_id.insert(id.clone(), self.events.len());
-        self.events.push(Ev {
-            id,
-            critical,
-            ts_ms,
-            accepted_step: {
-                let _ = step;
-                self.tick += 1;
-                self.tick
-            },
-            sent: false,
-            taken: false,
-            redriven: false,
-            exposed: false,
-        });
-        self.tracked += 1;
-        self.figures.events += 1;
-    }
-
-    fn ts_of(&self, when: When) -> i64 {
-        match when {
-            When::Now => self.wall(),
-            When::Past(min) => self.wall() - i64::from(min) * MINUTE_MS as i64,
-            When::Future(min) => self.wall() + i64::from(min) * MINUTE_MS as i64,
-        }
-    }
-
-    fn track(&mut self, name: &'static str, when: When, critical: bool, step: u64) {
-        let Some(spool) = self.spool.clone() else {
-            return;
-        };
-        let idx = self.events.len();
-        let mut e = self.new_event(name, when, idx);
-        if critical {
-            e = e.critical();
-        }
-        let ts = self.ts_of(when);
-        // New events wake a spill thread that waits to retry (`Queue::run_spiller`).
-        self.spill_retry_at = None;
-        match spool.track_event(e) {
-            Ok(id) => self.record(id.to_string(), critical, ts, step),
-            // Queued in memory, not durable: accepted all the same.
-            Err(eventspool::Error::NotDurable { event_ids, .. }) => {
-                for id in event_ids {
-                    self.record(id.to_string(), critical, ts, step);
-                }
-            }
-            Err(_) => {}
-        }
-    }
-
-    /// The dead letters a purge about to run may delete: gone by choice, not lost.
-    fn note_purgeable(&mut self) {
-        let Some(spool) = self.spool() else { return };
-        if let Ok(list) = spool.quarantine_list(&ListFilter::default()) {
-            self.purgeable.extend(list.into_iter().map(|q| q.event_id));
-        }
-    }
-
-    /// Carries out one step of the plan.
-    fn apply(&mut self, s: &Step, step: u64) -> Result<(), Finding> {
-        self.trace.line(self.now(), format_args!("{s:?}"));
-        // Before the handle is borrowed for the step: a crash must drop the last one.
-        match s {
-            Step::Restart => return self.restart(),
-            Step::Crash => {
-                self.crash();
-                return Ok(());
-            }
-            Step::AtTake(verb) => {
-                if self.at_take.is_none() {
-                    self.at_take = Some((**verb).clone());
-                }
-                return Ok(());
-            }
-            _ => {}
-        }
-        let Some(spool) = self.spool.clone() else {
-            return Ok(());
-        };
-        match s {
-            Step::Track { n, name, when } => {
-                for _ in 0..*n {
-                    self.track(name, *when, false, step);
-                }
-            }
-            Step::Critical => self.track("crash", When::Now, true, step),
-            Step::Burst { n } => {
-                for _ in 0..*n {
-                    self.track("ok", When::Now, false, step);
-                }
-            }
-            Step::Batch { n } => {
-                let first = self.events.len();
-                let batch: Vec<NewEvent> = (0..*n as usize)
-                    .map(|i| self.new_event("ok", When::Now, first + i))
-                    .collect();
-                let ts = self.wall();
-                self.spill_retry_at = None;
-                match spool.track_batch(&batch) {
-                    Ok(ids) => {
-                        for id in ids {
-                            self.record(id.to_string(), false, ts, step);
-                        }
-                    }
-                    // The whole batch is recorded; the error names the events memory holds
-                    // (the others are on disk, learnt from their payload when they reach the
-                    // collector). Every event of the batch has the same timestamp and lane, so
-                    // which of them a named id is does not matter to any oracle: the named
-                    // ones are taken as the batch's last.
-                    Err(eventspool::Error::NotDurable { mut event_ids, .. }) => {
-                        event_ids.sort();
-                        let unnamed = batch.len().saturating_sub(event_ids.len());
-                        for i in 0..unnamed {
-                            self.record(format!("unnamed-{}", first + i), false, ts, step);
-                        }
-                        for id in event_ids.into_iter().take(batch.len()) {
-                            self.record(id.to_string(), false, ts, step);
-                        }
-                    }
-                    Err(_) => {}
-                }
-            }
-            Step::Persist => {
-                let _ = spool.persist();
-            }
-            Step::Online(on) => {
-                spool.set_online(*on);
-                self.fresh_start();
-            }
-            Step::Foreground(on) => {
-                spool.set_foreground(*on);
-                self.fresh_start();
-            }
-            Step::Metered(on) => spool.set_conditions(DeliveryConditions {
-                metered: *on,
-                ..DeliveryConditions::default()
-            }),
-            Step::Consent(c) => {
-                let done = spool.set_consent(*c).is_ok();
-                // A denial whose deletion failed is still in force (README §Consent).
-                self.consent = spool.consent();
-                if self.consent == Consent::Denied {
-                    self.expose_all();
-                }
-                self.said_no();
-                // Only a denial that returned Ok claims the wipe.
-                if done && *c == Consent::Denied {
-                    self.scan_after_denial()?;
-                }
-                self.fresh_start();
-            }
-            Step::Enabled(on) => {
-                if spool.set_enabled(*on).is_ok() {
-                    self.enabled = *on;
-                }
-                self.said_no();
-                self.fresh_start();
-            }
-            Step::RetryNow => {
-                spool.retry_now();
-                self.retry_after_hold = None;
-                self.fresh_start();
-            }
-            Step::Dismiss => spool.dismiss(),
-            Step::Resume => {
-                spool.resume();
-                self.fresh_start();
-            }
-            Step::Flush => {
-                spool.flush();
-                self.fresh_start();
-            }
-            Step::Redrive => {
-                self.replayed = None;
-                if spool
-                    .quarantine_redrive(&Selector::All)
-                    .is_ok_and(|n| n > 0)
-                {
-                    self.redrives += 1;
-                }
-                self.mark_redriven();
-            }
-            Step::PurgeQuarantine => {
-                self.replayed = None;
-                self.note_purgeable();
-                let _ = spool.quarantine_purge(&Selector::All);
-            }
-            Step::ClearDirective => {
-                if spool.clear_directive().is_ok() {
-                    self.pause_hold = None;
-                }
-            }
-            Step::Restart | Step::Crash | Step::AtTake(_) => {}
-            Step::SkewWall(ms) => self.clock.skew_wall(*ms),
-            Step::Partition { ms } => self.partition_until = self.now() + ms,
-            Step::RefuseBodies { ms } => self.refuse_until = self.now() + ms,
-            Step::Overloaded { ms } => self.overloaded_until = self.now() + ms,
-            Step::SlowLink { ms } => self.slow_until = self.now() + ms,
-            Step::FailWrites { k } => {
-                self.fault();
-                self.faults
-                    .fail_next(FaultSite::Write, *k, FaultError::IoErr);
-            }
-            Step::FailNthWrite { n } => {
-                self.fault();
-                self.faults.fail_nth(FaultSite::Write, *n, FaultError::Full);
-            }
-            Step::FailCheckpoint => {
-                self.fault();
-                self.faults
-                    .fail_nth(FaultSite::Checkpoint, 1, FaultError::IoErr);
-            }
-            Step::DiskFull { ms } => {
-                self.fault();
-                self.faults.fill_disk(FaultError::Full);
-                self.disk_full_until = Some(self.now() + ms);
-            }
-        }
-        Ok(())
-    }
-
-    fn fault(&mut self) {
-        self.figures.faults += 1;
-        self.store_faulted = true;
-    }
-
-    fn said_no(&mut self) {
-        let no = self.consent == Consent::Denied || !self.enabled;
-        lock(&self.link).said_no = no;
-    }
-
-    /// Every event not yet accounted for may go without a per-id notice (a crash, a denial).
-    fn expose_all(&mut self) {
-        for e in &mut self.events {
-            e.exposed = true;
-        }
-    }
-
-    fn mark_redriven(&mut self) {
-        let Some(spool) = self.spool() else { return };
-        let _ = spool;
-        for e in &mut self.events {
-            if !e.sent && !e.taken {
-                continue;
-            }
-            e.redriven = true;
-        }
-    }
-
     /// The batches the worker took since the last look: per lane, an event taken for the first
     /// time must not leave behind an older one that was queued when a newer one was taken
     /// first (docs/protocol.md: batches leave in timestamp order, as they were taken).
@@ -807,104 +486,6 @@ impl Device {
         }
         self.expose_all();
         self.open();
-    }
-
-    /// The end of the run: the network and the disk heal, the user says yes, and nothing else
-    /// happens; the app turns back what it turned off (`resume()` once for a pause the
-    /// collector's config caused: that is what the UI's button is for).
-    pub fn heal(&mut self) {
-        self.healed = true;
-        self.plan.truncate(self.next_step);
-        self.at_take = None;
-        self.faults.disarm();
-        self.disk_full_until = None;
-        self.open();
-        let Some(spool) = self.spool.clone() else {
-            return;
-        };
-        let _ = spool.set_consent(Consent::Granted);
-        let _ = spool.set_enabled(true);
-        self.consent = Consent::Granted;
-        self.enabled = true;
-        self.said_no();
-        spool.set_online(true);
-        spool.set_foreground(true);
-        spool.set_conditions(DeliveryConditions::default());
-        if matches!(spool.state().state, DeliveryState::Paused { .. }) {
-            spool.resume();
-        }
-    }
-
-    /// The world healed: [`Device::heal`], and the time this device may take to drain.
-    pub fn heal_now(&mut self) -> Result<(), Finding> {
-        self.dirty = true;
-        self.heal();
-        self.pending_at_heal = self.pending();
-        Ok(())
-    }
-
-    /// Whether the index probe is over (or never ran: a device without a store).
-    pub fn probe_done(&self) -> bool {
-        self.probe == Probe::Done
-    }
-
-    /// While the probe runs: when its current phase began (its events must be delivered
-    /// within [`crate::world::LIVENESS_BASE_MS`] of it).
-    pub fn probe_since(&self) -> Option<u64> {
-        (self.probe != Probe::Off).then_some(self.probe_since)
-    }
-
-    /// The next phase of the probe that src/queue/store/frontier.rs's promise needs, once the
-    /// device holds nothing: a future-dated event goes to disk at the frontier and is
-    /// delivered; then an event behind it, which is indexed, is delivered (its batch read
-    /// finds no row in order left); then rows written in delivery order must skip the ordering
-    /// index again. Otherwise one event from a wrong clock would leave every later row indexed
-    /// and every batch read walking the table.
-    pub fn probe_step(&mut self) -> Result<(), Finding> {
-        self.dirty = true;
-        self.probe_since = self.now();
-        let Some(spool) = self.spool.clone() else {
-            self.probe = Probe::Done;
-            return Ok(());
-        };
-        let step = self.tick;
-        match self.probe {
-            Probe::Off => {
-                self.track("ok", When::Future(30), false, step);
-                let _ = spool.persist();
-                self.probe = Probe::Future;
-            }
-            Probe::Future => {
-                self.track("ok", When::Now, false, step);
-                let _ = spool.persist();
-                self.probe = Probe::Behind;
-            }
-            Probe::Behind => {
-                for _ in 0..3 {
-                    self.track("ok", When::Now, false, step);
-                }
-                let _ = spool.persist();
-                self.probe = Probe::Done;
-                let shape = self
-                    .stepper
-                    .as_ref()
-                    .and_then(|st| st.normal_rows_by_order());
-                if let Some(Ok((in_order, indexed))) = shape
-                    && indexed > 0
-                {
-                    return Err(format!(
-                        "after the store drained, {indexed} of {} rows written in delivery order went into the ordering index: a delivered future-dated event still holds the frontier",
-                        in_order + indexed
-                    ));
-                }
-            }
-            Probe::Done => {}
-        }
-        Ok(())
-    }
-
-    pub fn liveness_bound(&self) -> u64 {
-        crate::world::LIVENESS_BASE_MS + self.pending_at_heal * crate::world::LIVENESS_PER_EVENT_MS
     }
 
     pub fn trace_lines(&self) -> Vec<String> {

@@ -1,6 +1,5 @@
-//! Shared by the reliability and CLI suites (each includes it with `#[path]`): a tiny tmpfs
-//! mounted for one test, a real file system that fills in the middle of a write. Mounting
-//! needs root (CI runs as root).
+//! Used by the reliability and CLI suites: a tiny tmpfs mounted for one test, a real file system
+//! that fills in the middle of a write. Mounting needs root (CI runs as root).
 
 use std::path::{Path, PathBuf};
 
@@ -31,7 +30,6 @@ impl TinyFs {
 
     /// Mounts a tmpfs of `bytes`; where it is not permitted the test fails saying so, rather
     /// than passing without having run.
-    #[allow(dead_code)]
     pub fn mount(bytes: u64) -> TinyFs {
         TinyFs::try_mount(bytes).unwrap_or_else(|e| panic!("this test needs a tmpfs: {e}"))
     }
@@ -61,7 +59,6 @@ impl Drop for TinyFs {
 }
 
 /// Fills the file system with one file until it refuses more.
-#[allow(dead_code)]
 pub fn fill(dir: &Path) -> PathBuf {
     use std::io::Write;
     let path = dir.join("filler");

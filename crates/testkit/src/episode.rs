@@ -1,6 +1,6 @@
-//! Shared by the integration and proxy suites (each includes it with `#[path]`): drives a
-//! failure episode on a stepped clock, so a test can count requests at the hand-over to the user
-//! without the slow probe behind `WaitingForUser` adding one.
+//! Used by the integration and proxy suites: drives a failure episode on a stepped clock, so a
+//! test can count requests at the hand-over to the user without the slow probe behind
+//! `WaitingForUser` adding one.
 
 use std::time::Duration;
 

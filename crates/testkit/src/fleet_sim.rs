@@ -15,8 +15,9 @@
 //! that differs per device because apps start at different times) start a new episode. The
 //! report counts how many clients reached `WaitingForUser` and how often.
 //!
-//! This file is shared by `examples/fleet` (the full-size run) and `tests/fleet.rs` (a reduced
-//! run that checks invariants) through `#[path]`, so no simulation code ships in the library.
+//! Shared by `examples/fleet` (the full-size run) and `tests/fleet.rs` (a reduced run that
+//! checks invariants) through this crate, a dev-dependency, so no simulation code ships in the
+//! library.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;

@@ -1,0 +1,175 @@
+//! The delivery worker's side of the queue: the next batch in delivery order from memory and
+//! the store together, and the answers for it (acknowledged, released, sends noted, expired).
+//! Separate from `mod.rs` because these are the only calls the worker makes on the queue, and
+//! each of them handles a batch's events where each one came from ([`seqs_by_origin`]).
+
+use super::Queue;
+use crate::config::Durability;
+use crate::error::Result;
+use crate::event::{EventId, QueuedEvent, SendNote};
+use crate::stats::{DropReason, Exit};
+
+impl Queue {
+    /// The next batch in delivery order from memory and store together: at most `limit`
+    /// events and `room` bytes (each event's size plus its comma; the first event is always
+    /// taken, so a limit learned below one event still sends). Each event comes with whether
+    /// it was read from the store; all of them are leased until [`Queue::ack`] or
+    /// [`Queue::release`].
+    pub fn next_batch(&self, limit: usize, room: u64) -> Vec<(QueuedEvent, bool)> {
+        // Held while the batch is picked, so a spill in progress (events in neither memory nor
+        // the store yet) finishes first. Events still waiting to spill are read from memory,
+        // except with `durability = always`: there a caller is waiting for them to reach the
+        // disk, so they are committed first and read from the store.
+        let _guard = self.spill_lock.lock();
+        let always = self.params.durability == Durability::Always;
+        // A durable caller's events are written before a batch could take them from memory.
+        if (always || self.durable_waiting())
+            && let Err(e) = self.spill_locked()
+        {
+            tracing::warn!(error = %e, "spill before batch failed; sending what is stored");
+        }
+        let from_store = match &self.store {
+            Some(store) => {
+                let events = store.oldest(limit).unwrap_or_else(|e| {
+                    tracing::warn!(error = %e, "reading the store failed; sending from memory");
+                    Vec::new()
+                });
+                let undecryptable = store.take_undecryptable();
+                self.counters
+                    .left(Exit::Quarantined, undecryptable.quarantined);
+                self.counters
+                    .drop(DropReason::QuarantineCap, undecryptable.evicted);
+                events
+            }
+            None => Vec::new(),
+        };
+        let mut memory = self.memory();
+        let mut picked: Vec<(QueuedEvent, bool)> = Vec::new();
+        let mut memory_keys = Vec::new();
+        let mut bytes = 0u64;
+        {
+            let mut disk = from_store.into_iter().peekable();
+            let mut in_memory = memory.peek(limit, !always).peekable();
+            while picked.len() < limit {
+                let take_disk = match (disk.peek(), in_memory.peek()) {
+                    (Some(d), Some(m)) => d.key() <= m.key(),
+                    (Some(_), None) => true,
+                    (None, Some(_)) => false,
+                    (None, None) => break,
+                };
+                let size = if take_disk {
+                    disk.peek().map(QueuedEvent::bytes)
+                } else {
+                    in_memory.peek().map(|m| m.bytes())
+                };
+                let size = size.unwrap_or(0) + 1;
+                if !picked.is_empty() && bytes + size > room {
+                    break;
+                }
+                bytes += size;
+                if take_disk {
+                    if let Some(event) = disk.next() {
+                        picked.push((event, true));
+                    }
+                } else if let Some(event) = in_memory.next() {
+                    memory_keys.push(event.key());
+                    picked.push((event.clone(), false));
+                }
+            }
+        }
+        if picked.is_empty() {
+            return picked;
+        }
+        memory.lease(&memory_keys);
+        drop(memory);
+        if let Some(store) = &self.store {
+            store.lease(&seqs_by_origin(&picked).1);
+        }
+        picked
+    }
+
+    /// Takes events out of the queue after the collector answered for them (delivered or
+    /// quarantined): from the store, and from the in-flight set in memory.
+    pub fn ack(&self, events: &[(QueuedEvent, bool)]) -> Result<()> {
+        let _guard = self.spill_lock.lock();
+        let (memory, mut on_disk) = seqs_by_origin(events);
+        on_disk.extend(self.memory().acknowledge(&memory));
+        if let Some(store) = &self.store
+            && !on_disk.is_empty()
+        {
+            store.delete(&on_disk)?;
+        }
+        Ok(())
+    }
+
+    /// Gives events of an unanswered batch back to the queue, each to where it came from.
+    pub fn release(&self, events: &[(QueuedEvent, bool)]) {
+        let _guard = self.spill_lock.lock();
+        let (memory, on_disk) = seqs_by_origin(events);
+        self.memory().release(&memory);
+        if let Some(store) = &self.store {
+            store.release(&on_disk);
+            // Memory events `persist()` wrote as leased rows meanwhile now queue in the store.
+            store.release(&memory);
+        }
+    }
+
+    /// After a restart of the worker (a caught panic), nothing is in flight any more.
+    pub fn release_all(&self) {
+        let _guard = self.spill_lock.lock();
+        self.memory().release_all();
+        if let Some(store) = &self.store {
+            store.release_all();
+        }
+    }
+
+    /// Records a send's bookkeeping for a batch's events where each one lives: the in-flight copy
+    /// in memory (and its row, when `persist()` copied it there) or its row in the store.
+    pub fn note_sends(&self, events: &[(QueuedEvent, bool)], note: SendNote) -> Result<()> {
+        let _guard = self.spill_lock.lock();
+        let (memory, mut on_disk) = seqs_by_origin(events);
+        on_disk.extend(self.memory().note_sends(&memory, note));
+        match &self.store {
+            Some(store) => store.note_sends(&on_disk, note),
+            None => Ok(()),
+        }
+    }
+
+    /// Takes events of a batch out of the queue because they expired before they could be sent
+    /// (again); counts them `expired`.
+    pub fn drop_expired(&self, events: &[(QueuedEvent, bool)]) -> Result<()> {
+        let _guard = self.spill_lock.lock();
+        let (memory, mut on_disk) = seqs_by_origin(events);
+        on_disk.extend(self.memory().acknowledge(&memory));
+        self.counters.drop(DropReason::Expired, events.len() as u64);
+        match &self.store {
+            Some(store) if !on_disk.is_empty() => store.delete_expired(&on_disk).map(|_| ()),
+            _ => Ok(()),
+        }
+    }
+
+    /// Drops every queued event (not in flight), in memory and in the store, accepted before
+    /// `cutoff_ms`; counts them `expired` and returns their ids.
+    pub fn expire(&self, cutoff_ms: i64) -> Vec<EventId> {
+        let mut gone = self.memory().expire(cutoff_ms);
+        self.counters.drop(DropReason::Expired, gone.len() as u64);
+        if let Some(store) = &self.store {
+            match store.expire(cutoff_ms) {
+                Ok(ids) => {
+                    self.counters.drop(DropReason::Expired, ids.len() as u64);
+                    gone.extend(ids);
+                }
+                Err(e) => tracing::warn!(error = %e, "expiring stored events failed"),
+            }
+        }
+        gone
+    }
+}
+
+/// The seqs of a batch's events, split by where each came from: (memory, store). The flag beside
+/// each event says it was read from the store.
+pub(super) fn seqs_by_origin(events: &[(QueuedEvent, bool)]) -> (Vec<u64>, Vec<u64>) {
+    let (disk, memory): (Vec<_>, Vec<_>) = events.iter().partition(|(_, from_store)| *from_store);
+    let seqs = |v: Vec<&(QueuedEvent, bool)>| v.iter().map(|(e, _)| e.seq).collect();
+    (seqs(memory), seqs(disk))
+}

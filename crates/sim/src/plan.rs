@@ -96,81 +96,78 @@ pub enum Step {
 /// Steps at their simulated times (ms since the run began), in time order.
 pub type Plan = Vec<(u64, Step)>;
 
-/// The plan of one device over `hours`.
-pub fn draw(rng: &mut fastrand::Rng, hours: u64) -> Plan {
+/// One stream of a plan: a step every `gap` (drawn anew each time) until `hours` are over,
+/// each step drawn by `make` from the same generator, in that order.
+fn stream(
+    rng: &mut fastrand::Rng,
+    hours: u64,
+    gap: std::ops::RangeInclusive<u64>,
+    mut make: impl FnMut(&mut fastrand::Rng) -> Step,
+) -> Plan {
     let end = hours * HOUR_MS;
     let mut plan = Vec::new();
     let mut t = 0;
     loop {
-        // About one step every four minutes: an app's day in some three hundred and fifty steps
-        // (bursts and batches make each step many events).
-        t += rng.u64(1..=8 * MINUTE_MS);
+        t += rng.u64(gap.clone());
         if t >= end {
             break;
         }
-        plan.push((t, step(rng)));
+        plan.push((t, make(rng)));
     }
     plan
+}
+
+/// The plan of one device over `hours`: about one step every four minutes, an app's day in some
+/// three hundred and fifty steps (bursts and batches make each step many events).
+pub fn draw(rng: &mut fastrand::Rng, hours: u64) -> Plan {
+    stream(rng, hours, 1..=8 * MINUTE_MS, step)
 }
 
 /// The steps that land between the worker's take and its send, drawn from their own stream so
 /// that adding them left every other step of a seed's plan as it was: about one every half hour.
 pub fn draw_at_take(rng: &mut fastrand::Rng, hours: u64) -> Plan {
-    let end = hours * HOUR_MS;
-    let mut plan = Vec::new();
-    let mut t = 0;
-    loop {
-        t += rng.u64(1..=60 * MINUTE_MS);
-        if t >= end {
-            break;
-        }
-        let verb = match rng.u32(0..100) {
-            // A "no" lasts until the plan's next "yes" (hours): rarer here than the rest.
-            0..6 => Step::Consent(Consent::Denied),
-            6..8 => Step::Consent(Consent::Pending),
-            8..12 => Step::Enabled(false),
-            12..45 => Step::Track {
-                n: rng.u32(1..=3),
-                name: "ok",
-                when: match rng.u32(0..3) {
-                    0 => When::Now,
-                    1 => When::Past(rng.u32(1..=60)),
-                    _ => When::Future(rng.u32(1..=60)),
-                },
-            },
-            45..52 => Step::Critical,
-            52..58 => Step::Persist,
-            58..64 => Step::Online(false),
-            64..68 => Step::Foreground(false),
-            68..73 => Step::RetryNow,
-            73..77 => Step::Dismiss,
-            77..81 => Step::Redrive,
-            81..84 => Step::PurgeQuarantine,
-            84..87 => Step::ClearDirective,
-            87..93 => Step::Crash,
-            93..97 => Step::FailNthWrite { n: rng.u64(1..=4) },
-            _ => Step::Restart,
-        };
-        plan.push((t, Step::AtTake(Box::new(verb))));
-    }
-    plan
+    stream(rng, hours, 1..=60 * MINUTE_MS, |rng| {
+        Step::AtTake(Box::new(at_take(rng)))
+    })
 }
 
 /// The collector's overloads, from their own stream of the seed (so the other streams' steps
 /// stay as they were): one every six hours or so, of 5 to 60 minutes.
 pub fn draw_overloads(rng: &mut fastrand::Rng, hours: u64) -> Plan {
-    let end = hours * HOUR_MS;
-    let mut plan = Vec::new();
-    let mut t = 0;
-    loop {
-        t += rng.u64(HOUR_MS..=12 * HOUR_MS);
-        if t >= end {
-            break;
-        }
-        let ms = rng.u64(5 * MINUTE_MS..=60 * MINUTE_MS);
-        plan.push((t, Step::Overloaded { ms }));
+    stream(rng, hours, HOUR_MS..=12 * HOUR_MS, |rng| Step::Overloaded {
+        ms: rng.u64(5 * MINUTE_MS..=60 * MINUTE_MS),
+    })
+}
+
+/// A step for the moment between a take and its send.
+fn at_take(rng: &mut fastrand::Rng) -> Step {
+    match rng.u32(0..100) {
+        // A "no" lasts until the plan's next "yes" (hours): rarer here than the rest.
+        0..6 => Step::Consent(Consent::Denied),
+        6..8 => Step::Consent(Consent::Pending),
+        8..12 => Step::Enabled(false),
+        12..45 => Step::Track {
+            n: rng.u32(1..=3),
+            name: "ok",
+            when: match rng.u32(0..3) {
+                0 => When::Now,
+                1 => When::Past(rng.u32(1..=60)),
+                _ => When::Future(rng.u32(1..=60)),
+            },
+        },
+        45..52 => Step::Critical,
+        52..58 => Step::Persist,
+        58..64 => Step::Online(false),
+        64..68 => Step::Foreground(false),
+        68..73 => Step::RetryNow,
+        73..77 => Step::Dismiss,
+        77..81 => Step::Redrive,
+        81..84 => Step::PurgeQuarantine,
+        84..87 => Step::ClearDirective,
+        87..93 => Step::Crash,
+        93..97 => Step::FailNthWrite { n: rng.u64(1..=4) },
+        _ => Step::Restart,
     }
-    plan
 }
 
 /// Two plans as one, in time order (at equal times, `a`'s step first).

@@ -612,14 +612,14 @@ impl Queue {
         Ok(n)
     }
 
-    /// What [`crate::Stats`] reports of the queue: events in memory, in the store, the store's
-    /// bytes on disk, and the quarantine by reason.
     /// See [`Store::normal_rows_by_order`]; `None` without a store.
     #[cfg(feature = "test-util")]
     pub fn normal_rows_by_order(&self) -> Option<Result<(u64, u64)>> {
         self.store.as_ref().map(Store::normal_rows_by_order)
     }
 
+    /// What [`crate::Stats`] reports of the queue: events in memory, in the store, the store's
+    /// bytes on disk, and the quarantine by reason.
     pub fn fill_stats(&self, stats: &mut crate::stats::Stats) {
         stats.pending_memory = self.memory().len() as u64;
         stats.quarantine = lock(&self.memory_quarantine).counts();

@@ -13,9 +13,6 @@ impl Store {
         seqs
     }
 
-    /// The oldest queued events in delivery order (never the leased ones), for the next batch.
-    /// A row whose body does not open with its key (damaged on disk) is moved to the
-    /// quarantine as `undecryptable` instead, and counted for [`Store::take_undecryptable`].
     /// The queued rows of the normal lane: how many skip the ordering index and how many are in
     /// it (frontier.rs), for a simulation's check that the index stays the exception.
     #[cfg(feature = "test-util")]
@@ -28,6 +25,9 @@ impl Store {
         )?)
     }
 
+    /// The oldest queued events in delivery order (never the leased ones), for the next batch.
+    /// A row whose body does not open with its key (damaged on disk) is moved to the
+    /// quarantine as `undecryptable` instead, and counted for [`Store::take_undecryptable`].
     pub fn oldest(&self, limit: usize) -> Result<Vec<QueuedEvent>> {
         let mut out = Vec::with_capacity(limit);
         let mut unreadable: Vec<(u64, QuarantinedEvent)> = Vec::new();

@@ -24,7 +24,7 @@ impl TakePoint {
             return;
         };
         if self.record.load(Ordering::Relaxed) {
-            lock_local(&self.taken).push(events.iter().map(|(e, _)| e.id).collect());
+            crate::sync::lock(&self.taken).push(events.iter().map(|(e, _)| e.id).collect());
         }
         if self.pause.swap(false, Ordering::SeqCst) {
             self.paused.store(true, Ordering::SeqCst);
@@ -40,8 +40,4 @@ impl TakePoint {
             .await;
         }
     }
-}
-
-fn lock_local<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }

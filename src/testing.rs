@@ -150,7 +150,7 @@ impl Stepper {
     /// The ids of each batch the worker took since the last call, in the order it took them
     /// (a batch is taken once and may be sent several times, split, or given back).
     pub fn taken(&self) -> Vec<Vec<crate::EventId>> {
-        std::mem::take(&mut *lock_local(&self.shared.take_point.taken))
+        std::mem::take(&mut *crate::sync::lock(&self.shared.take_point.taken))
     }
 
     /// Whether the worker stops right after it takes its next batch, before it looks at consent
@@ -187,8 +187,4 @@ impl Stepper {
         self.shared.control(|c| c.shutdown = true);
         self.shared.shutdown.send_replace(true);
     }
-}
-
-fn lock_local<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }

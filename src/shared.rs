@@ -72,6 +72,10 @@ pub struct Shared {
     /// A denial's deletion has not finished (a store error, a reader holding the WAL): nothing
     /// is sent, the worker tries again, and a new grant first finishes it.
     pub discard_owed: AtomicBool,
+    /// Serializes `set_consent` and `set_enabled` calls, so the store's record, the flag
+    /// `track()` checks and the worker's view end in the same state; the worker's own deletion
+    /// for a denial runs under it too, so it never runs after a new grant (README §Consent).
+    pub consent_verb: Mutex<()>,
     pub state: Mutex<StateCell>,
     pub state_changed: Condvar,
     pub observers: Arc<Observers>,

@@ -9,6 +9,8 @@ type Hook = Box<dyn Fn() + Send + Sync>;
 
 static BETWEEN_RECORD_AND_DELETE: Mutex<Option<Hook>> = Mutex::new(None);
 static FAILING_DELETES: Mutex<Vec<(PathBuf, u32)>> = Mutex::new(Vec::new());
+type SharedHook = std::sync::Arc<dyn Fn() + Send + Sync>;
+static BEFORE_WORKER_DISCARD: Mutex<Vec<(PathBuf, SharedHook)>> = Mutex::new(Vec::new());
 
 fn lock<T>(m: &'static Mutex<T>) -> std::sync::MutexGuard<'static, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -27,6 +29,28 @@ pub fn fail_consent_deletes(db: &Path, times: u32) {
     let mut failing = lock(&FAILING_DELETES);
     failing.retain(|(path, _)| path != db);
     failing.push((db.to_path_buf(), times));
+}
+
+/// Runs `hook` on the delivery worker of the store at `db` each time it is about to carry out a
+/// denial's deletion it decided on (README §Consent): a test holds it there while the app's
+/// verbs move on.
+pub fn before_worker_discard(db: &Path, hook: impl Fn() + Send + Sync + 'static) {
+    let mut hooks = lock(&BEFORE_WORKER_DISCARD);
+    hooks.retain(|(path, _)| path != db);
+    hooks.push((db.to_path_buf(), std::sync::Arc::new(hook)));
+}
+
+pub(crate) fn worker_discard_due(db: Option<&Path>) {
+    let hook = db.and_then(|db| {
+        lock(&BEFORE_WORKER_DISCARD)
+            .iter()
+            .find(|(path, _)| path == db)
+            .map(|(_, hook)| hook.clone())
+    });
+    // Run without the lock: the hook may wait for the test's other thread.
+    if let Some(hook) = hook {
+        hook();
+    }
 }
 
 pub(crate) fn denial_recorded() {

@@ -183,16 +183,9 @@ impl Worker {
                     None
                 }
                 Action::DiscardForConsent => {
-                    // One try at the WAL: the machine asks again if a reader holds it.
-                    // The worker is not sending: nothing of its own is on the wire.
-                    match self.s.queue.discard_for_consent(Duration::ZERO, true) {
-                        Ok(_) => self.s.discard_owed.store(false, Ordering::SeqCst),
-                        Err(e) => {
-                            // Owed: the machine asks again while consent stays denied.
-                            self.s.discard_owed.store(true, Ordering::SeqCst);
-                            tracing::error!(error = %e, "could not delete the events kept before consent was denied; retrying");
-                        }
-                    }
+                    #[cfg(feature = "test-util")]
+                    crate::testing::worker_discard_due(self.s.queue.store_path());
+                    self.discard_for_consent();
                     None
                 }
             };
@@ -223,6 +216,28 @@ impl Worker {
 
     /// Drops every queued event, in memory and in the store, accepted longer than
     /// `max_event_age_ms` ago (the batch in flight is checked by the machine before it is sent).
+    /// The deletion the machine decided on after a denial (or a retry of one that failed). Under
+    /// the consent verbs' lock, and only while consent is still `Denied`: a grant that came
+    /// between the decision and here has finished any owed deletion itself, and what it made
+    /// since (its install id, the events tracked under it) is not the denial's to delete.
+    fn discard_for_consent(&self) {
+        let _one_at_a_time = lock(&self.s.consent_verb);
+        if crate::Consent::from_u8(self.s.consent.load(Ordering::SeqCst)) != crate::Consent::Denied
+        {
+            return;
+        }
+        // One try at the WAL: the machine asks again if a reader holds it.
+        // The worker is not sending: nothing of its own is on the wire.
+        match self.s.queue.discard_for_consent(Duration::ZERO, true) {
+            Ok(_) => self.s.discard_owed.store(false, Ordering::SeqCst),
+            Err(e) => {
+                // Owed: the machine asks again while consent stays denied.
+                self.s.discard_owed.store(true, Ordering::SeqCst);
+                tracing::error!(error = %e, "could not delete the events kept before consent was denied; retrying");
+            }
+        }
+    }
+
     fn expire_queue(&mut self) {
         let s = &self.s;
         let cutoff = s

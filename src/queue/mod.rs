@@ -292,6 +292,12 @@ impl Queue {
         }
     }
 
+    /// The store's file, for the test hooks keyed by it (feature `test-util`).
+    #[cfg(feature = "test-util")]
+    pub fn store_path(&self) -> Option<&std::path::Path> {
+        self.store.as_ref().map(|s| s.path())
+    }
+
     pub fn has_store(&self) -> bool {
         self.store.is_some()
     }

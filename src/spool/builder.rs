@@ -228,6 +228,7 @@ impl EventSpool {
             send_gate: parking_lot::RwLock::new(()),
             on_wire: AtomicBool::new(false),
             discard_owed: AtomicBool::new(unfinished_denial.is_some()),
+            consent_verb: Mutex::new(()),
             state: Mutex::new(StateCell {
                 state: match consent {
                     _ if !enabled => DeliveryState::Disabled,
@@ -321,7 +322,6 @@ impl EventSpool {
                 spiller: Mutex::new(spiller),
                 closed: AtomicBool::new(false),
                 admission: parking_lot::RwLock::new(()),
-                consent_verb: Mutex::new(()),
             }),
         })
     }
@@ -341,7 +341,6 @@ impl EventSpool {
                 spiller: Mutex::new(None),
                 closed: AtomicBool::new(false),
                 admission: parking_lot::RwLock::new(()),
-                consent_verb: Mutex::new(()),
             }),
         };
         Ok((spool, stepper))

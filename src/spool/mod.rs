@@ -36,9 +36,6 @@ struct Handle {
     /// `shutdown()` takes it exclusively once, after setting `closed`, so its final persist
     /// sees every event a `track()` returned `Ok` for.
     admission: parking_lot::RwLock<()>,
-    /// Serializes `set_consent` calls, so the store's record, the flag `track()` checks and the
-    /// worker's view end in the same state.
-    consent_verb: Mutex<()>,
 }
 
 /// The spool. See the crate documentation for the life of an event.

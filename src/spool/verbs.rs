@@ -140,7 +140,7 @@ impl EventSpool {
     /// an error says the record could not be written, and nothing changed.
     pub fn set_enabled(&self, enabled: bool) -> Result<()> {
         let _admitted = self.admit_verb()?;
-        let _one_at_a_time = lock(&self.handle.consent_verb);
+        let _one_at_a_time = lock(&self.shared().consent_verb);
         let s = self.shared();
         s.queue.store_enabled(enabled)?;
         // Flag and control together under the gate: a send the worker has not started yet
@@ -179,7 +179,7 @@ impl EventSpool {
         if self.handle.closed.load(Ordering::Relaxed) {
             return Err(Error::ShutDown);
         }
-        let _one_at_a_time = lock(&self.handle.consent_verb);
+        let _one_at_a_time = lock(&self.shared().consent_verb);
         let s = self.shared();
         if consent != Consent::Denied && s.discard_owed.load(Ordering::SeqCst) {
             // Nothing the last denial covered may go out under a new answer.

@@ -307,3 +307,62 @@ fn a_batch_held_for_its_retry_is_deleted_by_the_denial_itself() {
     }
     spool.shutdown(WAIT).unwrap();
 }
+
+/// The worker carries out a denial's deletion it decided on, and the app grants again before
+/// it gets there: the deletion is the denial's, so it must not touch what the grant made (its
+/// install id, the events tracked under it). The worker is held right before its deletion while
+/// the app grants and tracks.
+#[test]
+fn a_deletion_the_worker_owes_a_denial_does_not_run_after_a_new_grant() {
+    let collector = collector();
+    let dir = tempfile::tempdir().unwrap();
+    let (spool, _recorder) = spool_with_kept_events(dir.path(), &collector.url(), 3);
+    let (reached_tx, reached_rx) = std::sync::mpsc::channel::<()>();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let go_rx = std::sync::Mutex::new(go_rx);
+    let reached_tx = std::sync::Mutex::new(reached_tx);
+    eventspool::testing::before_worker_discard(&dir.path().join("events.db"), move || {
+        let _ = reached_tx.lock().unwrap().send(());
+        // Bounded: a test that fails elsewhere never leaves the worker stuck.
+        let _ = go_rx.lock().unwrap().recv_timeout(Duration::from_secs(20));
+    });
+    spool.set_consent(Consent::Denied).unwrap();
+    reached_rx
+        .recv_timeout(WAIT)
+        .expect("the worker carries out the denial's deletion");
+    spool.set_consent(Consent::Granted).unwrap();
+    let granted_id = spool.install_id().expect("an id after the new grant");
+    let ids: Vec<String> = (0..10)
+        .map(|i| {
+            spool
+                .track("after_grant", json!({ "i": i }))
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    spool.persist().unwrap();
+    go_tx.send(()).unwrap();
+    // The worker's actions run in order: by the time the grant's events are delivered, the
+    // deletion it held has run (or been left out).
+    spool.set_online(true);
+    spool.flush();
+    let delivered = collector.wait_for_distinct(10, Duration::from_secs(20));
+    let stats = spool.stats();
+    assert!(
+        delivered,
+        "the events tracked under the grant were deleted by the denial's deletion: {} of 10 delivered, {stats:?}",
+        collector.distinct_count()
+    );
+    assert!(ids.iter().all(|id| collector.contains(id)));
+    assert_eq!(
+        spool.install_id().as_deref(),
+        Some(granted_id.as_str()),
+        "the install id of the grant was deleted after it"
+    );
+    assert_eq!(
+        stats.dropped(DropReason::ConsentDenied),
+        3,
+        "only the denial's 3 events are dropped"
+    );
+    spool.shutdown(WAIT).unwrap();
+}

@@ -294,6 +294,12 @@ impl Store {
         Ok(max.map(|m| m as u64 + 1).unwrap_or(1))
     }
 
+    /// The database file.
+    #[cfg(feature = "test-util")]
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
     /// Bytes the store occupies on disk now: the database file plus its WAL.
     pub fn disk_usage(&self) -> u64 {
         disk_usage(&self.path)

@@ -122,6 +122,32 @@ class HostSafetyTest {
     }
 
     @Test
+    fun `track at an app's pace does not wake the hand-off thread for each call`() {
+        Spool(fastConfig(collector.url, db), startOffline = true).use { spool ->
+            spool.statsBlocking() // the spool is open, the hand-off thread idle
+            val before = spool.handoffStats()
+            // 300 calls 1 ms apart: an app tracking fast, but far from a burst.
+            val calls = 300
+            var next = System.nanoTime()
+            repeat(calls) {
+                next += 1_000_000
+                while (System.nanoTime() < next) Thread.onSpinWait()
+                spool.track("paced", mapOf("i" to it))
+            }
+            val tracked = spool.statsBlocking().tracked
+            val after = spool.handoffStats()
+            val batches = after.batches - before.batches
+            val wakes = after.wakes - before.wakes
+            // Each wake of a sleeping thread is a system call on the caller, and each batch one FFI
+            // call and (durability = always) one commit: both must be a small share of the calls.
+            println("paced: $batches batches, $wakes wakes for $calls calls")
+            assertTrue(batches * 3 <= calls, "$batches batches for $calls paced calls: the hand-off thread was woken for each ($after)")
+            assertTrue(wakes * 10 <= calls, "$wakes wakes for $calls paced calls ($after)")
+            assertEquals(calls.toULong(), tracked)
+        }
+    }
+
+    @Test
     fun `a full hand-off - track returns at once and counts what it could not take`() {
         val stall = CountDownLatch(1)
         // The hand-off thread is held inside the report of a refused event: the queue fills.

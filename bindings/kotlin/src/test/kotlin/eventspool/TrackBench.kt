@@ -13,6 +13,11 @@ import uniffi.eventspool.EventSpool
  * pure-Kotlin baseline (UUID + ArrayDeque push of the same JSON). Targets (issue: the host app
  * never blocks): the layer's p99.9 at most 20 us and its max at most 1 ms in all three. Not part of the suite (tag `bench`); run it with
  * `mvn -q test -Deventspool.excludedGroups=none -Dgroups=bench -Dtest=TrackBench`.
+ *
+ * `-Deventspool.bench.callerPriority=fifo` runs the calling thread as SCHED_FIFO, as Android
+ * runs the top app's UI thread where `sys.use_fifo_ui` is on: the figures are then the call's
+ * own, not the time the kernel gave this core to the hand-off thread, the JIT or the collector
+ * (on a 2-core machine a normal-priority caller waits behind them for milliseconds).
  */
 @Tag("bench")
 class TrackBench {
@@ -44,8 +49,22 @@ class TrackBench {
         return out
     }
 
+    /** The libc call that gives the calling thread a real-time policy (Linux; needs CAP_SYS_NICE). */
+    private interface LibC : com.sun.jna.Library {
+        fun sched_setscheduler(pid: Int, policy: Int, param: IntArray): Int
+    }
+
+    private fun callerPriority() {
+        if (System.getProperty("eventspool.bench.callerPriority") != "fifo") return
+        val libc = com.sun.jna.Native.load("c", LibC::class.java)
+        // pid 0: the calling thread; SCHED_FIFO = 1; the lowest real-time priority.
+        val rc = libc.sched_setscheduler(0, 1, intArrayOf(1))
+        println("BENCH caller priority: " + if (rc == 0) "SCHED_FIFO 1" else "SCHED_FIFO refused (errno ${com.sun.jna.Native.getLastError()}), normal priority")
+    }
+
     @Test
     fun `track on the calling thread`() {
+        callerPriority()
         val dir = Files.createTempDirectory("eventspool-bench")
         // Offline to a closed port: only the recording is measured, never a request.
         fun config(name: String) = fastConfig("http://127.0.0.1:9/v1/batch", dir.resolve(name))
@@ -77,7 +96,7 @@ class TrackBench {
             }
             spool.statsBlocking()
             val h = spool.handoffStats()
-            figures("layer Spool.track, 5,000/s", samples, "%d batches, refused %s".format(h.batches, h.refused))
+            figures("layer Spool.track, 5,000/s", samples, "%d batches, %d wakes, refused %s".format(h.batches, h.wakes, h.refused))
         }
 
         // A burst: the 200,000 calls back to back into a hand-off big enough for all of them, so

@@ -2,10 +2,12 @@ package dev.eventspool
 
 import java.time.Instant
 import java.util.concurrent.CompletableFuture
-import java.util.concurrent.LinkedBlockingQueue
+import java.util.concurrent.ConcurrentLinkedQueue
 import java.util.concurrent.Semaphore
 import java.util.concurrent.TimeUnit
+import java.util.concurrent.atomic.AtomicBoolean
 import java.util.concurrent.atomic.AtomicLong
+import java.util.concurrent.locks.LockSupport
 import kotlinx.serialization.json.JsonObject
 import kotlinx.serialization.json.JsonPrimitive
 import uniffi.eventspool.EventSpool
@@ -28,7 +30,11 @@ import uniffi.eventspool.Priority
  * flush, a wait for the hand-off) are not counted against the bound, so they are never refused,
  * and they run in order with the events around them.
  *
- * Idle, the thread sleeps in `take()`: no timer wakes it.
+ * Waking a sleeping thread is a system call on the caller's thread, and every batch is one FFI
+ * call (and, under `always`, one commit). So the thread lingers [LINGER_NS] after each batch
+ * while the calls of an app's pace gather, and `track()` wakes it only when it sleeps with
+ * nothing to do, or when a batch's worth is waiting. A control item ends a linger at once.
+ * Idle, the thread sleeps: no timer wakes it.
  *
  * What a crash can lose: the events waiting here and those inside the `track_batch_report` call
  * in progress. At an app's rate that is the events of the last call (a few milliseconds, the
@@ -65,7 +71,13 @@ internal class Handoff(
 
     private object Stop : Item()
 
-    private val queue = LinkedBlockingQueue<Item>()
+    /** Lock-free: `track()` never waits for the hand-off thread to take its lock. */
+    private val queue = ConcurrentLinkedQueue<Item>()
+    /** True while the thread sleeps with nothing to do: the next offer wakes it. */
+    private val asleep = AtomicBoolean(false)
+    private val wakes = AtomicLong()
+    /** A linger ends early once this many events wait: a burst is handed over without delay. */
+    private val wakeAt = minOf(maxBatch, (capacity / 2).coerceAtLeast(1)).toLong()
     private val room = Semaphore(capacity)
     private val waiting = AtomicLong()
     private val handed = AtomicLong()
@@ -93,8 +105,9 @@ internal class Handoff(
             waits.incrementAndGet()
             room.acquireUninterruptibly()
         }
-        waiting.incrementAndGet()
+        val waitingNow = waiting.incrementAndGet()
         queue.add(p)
+        if (waitingNow == wakeAt) wake() else wakeIfAsleep()
         // Lost the race with close(): the thread may be gone, so hand this one over here.
         if (finished) drainHere()
         return true
@@ -104,6 +117,7 @@ internal class Handoff(
     fun control(action: (EventSpool?) -> Unit): CompletableFuture<Unit> {
         val item = Control(action)
         queue.add(item)
+        wake()
         if (finished) drainHere()
         return item.done
     }
@@ -119,6 +133,7 @@ internal class Handoff(
     fun close(timeoutMs: Long) {
         closed = true
         queue.add(Stop)
+        wake()
         thread.join(timeoutMs.coerceAtLeast(1))
         drainHere()
     }
@@ -128,6 +143,7 @@ internal class Handoff(
         handedOff = handed.get(),
         batches = batches.get(),
         waits = waits.get(),
+        wakes = wakes.get(),
         rejected = rejected.snapshot(),
         refused = refused.snapshot(),
         notDurable = notDurable.get(),
@@ -139,18 +155,42 @@ internal class Handoff(
             opened = true
             val batch = ArrayList<Pending>(maxBatch)
             while (true) {
-                val item = try {
-                    queue.take()
-                } catch (e: InterruptedException) {
+                val item = queue.poll()
+                if (item == null) {
+                    sleep()
                     continue
                 }
                 if (item === Stop) return
                 handle(item, batch)
+                // Let the calls of an app's pace gather into the next batch (see the class doc).
+                if (item is Pending && !closed && waiting.get() < wakeAt) LockSupport.parkNanos(this, LINGER_NS)
             }
         } finally {
             opened = true
             finished = true
         }
+    }
+
+    /** Sleeps until an offer finds the thread asleep (or a control item, or close, wakes it). */
+    private fun sleep() {
+        asleep.set(true)
+        // An offer that came after the poll but saw `asleep` still false is seen here.
+        if (queue.isEmpty()) LockSupport.park(this)
+        asleep.set(false)
+    }
+
+    private fun wakeIfAsleep() {
+        if (asleep.get() && asleep.compareAndSet(true, false)) {
+            wakes.incrementAndGet()
+            LockSupport.unpark(thread)
+        }
+    }
+
+    /** Ends a linger or a sleep at once (a permit when the thread is busy: its next park returns). */
+    private fun wake() {
+        asleep.set(false)
+        wakes.incrementAndGet()
+        LockSupport.unpark(thread)
     }
 
     /** One item, and for an event every event right behind it (up to [maxBatch]) in the same call. */
@@ -240,6 +280,11 @@ internal class Handoff(
         batch.forEachIndexed { i, p -> if (i !in refusedAt) p.done?.complete(true) }
     }
 
+    private companion object {
+        /** How long the thread lets calls gather after a batch: the crash window grows by this much. */
+        const val LINGER_NS = 5_000_000L
+    }
+
     private fun line(p: Pending): String {
         val fields = LinkedHashMap<String, kotlinx.serialization.json.JsonElement>(6)
         fields["name"] = JsonPrimitive(p.name)
@@ -263,6 +308,8 @@ data class HandoffStats(
     val batches: Long,
     /** `track()` calls that waited for room (only on a thread the spool's `mayWait` allows). */
     val waits: Long,
+    /** Times a call woke the sleeping hand-off thread (a system call on the caller's thread). */
+    val wakes: Long = 0,
     /** After the hand-off: `event_too_large`, `invalid_event`, `consent_denied`, `spool_failed`, `inactive_process`... */
     val rejected: Map<String, Long>,
     /** At the call: `tracking_disabled`, `consent_denied`, `invalid_event`, `invalid_property`, `handoff_full`, `shut_down`, `spool_failed` (the open failed), `inactive_process` (a process that does not track)... */

@@ -148,6 +148,19 @@ class HostSafetyTest {
     }
 
     @Test
+    fun `an idle hand-off thread sleeps until there is work - no timer wakes it`() {
+        val before = Thread.getAllStackTraces().keys
+        Spool(fastConfig(collector.url, db), startOffline = true).use { spool ->
+            spool.track("one", mapOf())
+            spool.statsBlocking()
+            val thread = Thread.getAllStackTraces().keys.first { it.name == "eventspool-handoff" && it !in before }
+            Thread.sleep(200) // well past the linger after the last batch: nothing left to do
+            val states = (1..20).map { Thread.sleep(5); thread.state }
+            assertTrue(states.all { it == Thread.State.WAITING }, "the idle hand-off thread was $states: a timer wakes it")
+        }
+    }
+
+    @Test
     fun `a full hand-off - track returns at once and counts what it could not take`() {
         val stall = CountDownLatch(1)
         // The hand-off thread is held inside the report of a refused event: the queue fills.

@@ -2,6 +2,7 @@ package dev.eventspool.android
 
 import android.app.ActivityManager
 import android.app.Application
+import android.net.ConnectivityManager
 import android.os.Process
 import dev.eventspool.SpoolHealth
 import eventspool.waitUntil
@@ -13,6 +14,9 @@ import org.robolectric.Robolectric
 import org.robolectric.RobolectricTestRunner
 import org.robolectric.Shadows.shadowOf
 import org.robolectric.annotation.Config
+import org.robolectric.annotation.Implementation
+import org.robolectric.annotation.Implements
+import org.robolectric.shadows.ShadowConnectivityManager
 import uniffi.eventspool.SpoolConfig
 import org.robolectric.shadows.ShadowApplication
 import uniffi.eventspool.EncryptionKey
@@ -94,6 +98,16 @@ class InstallTest : AndroidTestBase() {
     }
 
     @Test
+    @Config(shadows = [RefusingConnectivityManager::class])
+    fun `install does not throw when the system refuses the network callback`() {
+        val thrown = installDoesNotThrow()
+        assertTrue("install() threw: $thrown", thrown == null)
+        assertEquals(SpoolHealth.Ready, settled())
+        EventSpoolAndroid.spool.track("still_tracked")
+        assertEquals(1uL, EventSpoolAndroid.spool.statsBlocking().tracked)
+    }
+
+    @Test
     fun `a second process with a store of its own tracks`() {
         processName("${app.packageName}:sync")
         val spool = EventSpoolAndroid.install(app, config(), options = AndroidOptions(processStores = mapOf(":sync" to "events-sync.db")))
@@ -148,5 +162,14 @@ class LazyApp : Application(), EventSpoolAndroid.ConfigProvider {
 
     companion object {
         var config: SpoolConfig? = null
+    }
+}
+
+/** A system that refuses the default-network callback (a SecurityException, "too many requests"). */
+@Implements(ConnectivityManager::class)
+class RefusingConnectivityManager : ShadowConnectivityManager() {
+    @Implementation
+    override fun registerDefaultNetworkCallback(networkCallback: ConnectivityManager.NetworkCallback) {
+        throw SecurityException("the system refused the network callback")
     }
 }

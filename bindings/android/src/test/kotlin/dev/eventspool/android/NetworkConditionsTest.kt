@@ -2,8 +2,12 @@ package dev.eventspool.android
 
 import android.content.Intent
 import android.os.BatteryManager
+import android.os.PowerManager
 import eventspool.waitUntil
+import java.util.concurrent.CountDownLatch
 import java.util.concurrent.CyclicBarrier
+import java.util.concurrent.TimeUnit
+import java.util.concurrent.atomic.AtomicReference
 import org.junit.Assert.assertEquals
 import org.junit.Assert.assertFalse
 import org.junit.Assert.assertTrue
@@ -12,7 +16,10 @@ import org.junit.runner.RunWith
 import org.robolectric.RobolectricTestRunner
 import org.robolectric.Shadows.shadowOf
 import org.robolectric.annotation.Config
+import org.robolectric.annotation.Implementation
+import org.robolectric.annotation.Implements
 import org.robolectric.shadows.ShadowNetwork
+import org.robolectric.shadows.ShadowPowerManager
 import uniffi.eventspool.DeliveryState
 
 /** Doze, Data Saver, background restrictions, and the device conditions. */
@@ -66,6 +73,34 @@ class NetworkConditionsTest : AndroidTestBase() {
     }
 
     @Test
+    @Config(shadows = [HeldPowerManager::class])
+    fun `a network change while the main thread updates the conditions is kept`() {
+        EventSpoolAndroid.install(app, config())
+        val installation = EventSpoolAndroid.installation()!!
+        network(validated = true, metered = false)
+        shadowOf(app.getSystemService(PowerManager::class.java)).setIsPowerSaveMode(true)
+        val entered = CountDownLatch(1)
+        val proceed = CountDownLatch(1)
+        HeldPowerManager.hold.set(entered to proceed)
+        // The network callback's thread reports a metered network while the main thread is in
+        // the middle of its power-save update (held inside isPowerSaveMode); the main thread
+        // goes on once that report is through, or after 500 ms if it waits for the main thread.
+        val other = Thread {
+            entered.await(5, TimeUnit.SECONDS)
+            val report = Thread { network(validated = true, metered = true) }.apply { start() }
+            report.join(500)
+            proceed.countDown()
+            report.join()
+        }.apply { start() }
+        app.sendBroadcast(Intent(PowerManager.ACTION_POWER_SAVE_MODE_CHANGED))
+        idleMain()
+        other.join()
+        val c = installation.conditions
+        assertTrue("the metered network was lost: $c", c.metered)
+        assertTrue("power saving was lost: $c", c.lowPower)
+    }
+
+    @Test
     @Config(sdk = [24])
     fun `on API 24 a low battery is read from its level`() {
         // API 24-27 have no EXTRA_BATTERY_LOW: only the level, the scale and the plug state.
@@ -77,5 +112,22 @@ class NetworkConditionsTest : AndroidTestBase() {
         )
         EventSpoolAndroid.install(app, config())
         assertTrue("9% unplugged is a low battery", EventSpoolAndroid.installation()!!.conditions.batteryLow)
+    }
+}
+
+/** The system's PowerManager, whose next `isPowerSaveMode` can be held: it says it entered, then waits. */
+@Implements(PowerManager::class)
+class HeldPowerManager : ShadowPowerManager() {
+    @Implementation
+    override fun isPowerSaveMode(): Boolean {
+        hold.getAndSet(null)?.let { (entered, proceed) ->
+            entered.countDown()
+            proceed.await(5, TimeUnit.SECONDS)
+        }
+        return super.isPowerSaveMode()
+    }
+
+    companion object {
+        val hold = AtomicReference<Pair<CountDownLatch, CountDownLatch>?>(null)
     }
 }

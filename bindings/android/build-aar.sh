@@ -58,6 +58,8 @@ fi
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/aar" "$work/classes" "$work/jvm" "$out"
+# Absolute from here on: the zip step runs inside the staging directory.
+out="$(cd "$out" && pwd)"
 cp -R bindings/kotlin/target/classes/. "$work/classes/"
 cp -R bindings/android/target/classes/. "$work/classes/"
 jar --create --file "$work/aar/classes.jar" -C "$work/classes" .
@@ -95,7 +97,7 @@ done
 name=eventspool-android.aar
 [[ $host_test -eq 1 ]] && name=eventspool-android-host-test.aar
 rm -f "$out/$name"
-(cd "$work/aar" && zip -q -r -X "$OLDPWD/$out/$name" .)
+(cd "$work/aar" && zip -q -r -X "$out/$name" .)
 
 # The desktop jar: the JVM classes only (no android.*), the host library where JNA looks on the classpath.
 cp -R bindings/kotlin/target/classes/. "$work/jvm/"

@@ -26,7 +26,13 @@ if [[ -d ../kotlin/target/classes && -d target/classes ]]; then
         exit 1
     fi
     grep -q "is not aligned for 16 KB pages" "$work/aar-out" || { cat "$work/aar-out" >&2; exit 1; }
-    echo "test-page-alignment: 3 passed, 0 failed" >&2
+    # A 16 KB-aligned one is packed, into an absolute --out (the zip step runs elsewhere).
+    cc -shared -fPIC -nostdlib -Wl,-z,max-page-size=16384 -o "$work/lib16k-nolibc.so" "$work/probe.c"
+    bash build-aar.sh --no-compile --abi arm64-v8a="$work/lib16k-nolibc.so" --out "$work/dist" 2>"$work/aar-out" \
+        || { cat "$work/aar-out" >&2; echo "test-page-alignment: build-aar.sh refused a 16 KB-aligned library or an absolute --out" >&2; exit 1; }
+    unzip -Z1 "$work/dist/eventspool-android.aar" | grep -qx "jni/arm64-v8a/libeventspool_ffi.so" \
+        || { echo "test-page-alignment: the aar lacks jni/arm64-v8a/libeventspool_ffi.so" >&2; exit 1; }
+    echo "test-page-alignment: 4 passed, 0 failed" >&2
 else
     echo "test-page-alignment: 2 passed, 0 failed (build-aar.sh not run: no compiled classes, run mvn test first)" >&2
 fi

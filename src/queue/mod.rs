@@ -454,10 +454,11 @@ impl Queue {
     /// queues its events; if no caller leads a commit, it leads one at once (takes the spill
     /// lock and commits everything queued by then), otherwise it waits for the leader's commit
     /// to end, and leaves if that commit held its events ([`Group`]): a follower never waits
-    /// for the spill lock itself, so the callers of one commit leave together. With `durability = spill` (a critical event) the caller writes only
-    /// the oldest events, as many as durable callers wait for (critical events sort before
-    /// every normal one), so it is done once its own events commit, not once the whole backlog
-    /// is on disk. The deadline ([`ALWAYS_COMMIT_WAIT`]) is checked after every commit.
+    /// for the spill lock itself, so the callers of one commit leave together. With
+    /// `durability = spill` (a critical event) the caller writes only the oldest events, as
+    /// many as durable callers wait for (critical events sort before every normal one), so it
+    /// is done once its own events commit, not once the whole backlog is on disk. The
+    /// deadline ([`ALWAYS_COMMIT_WAIT`]) is checked after every commit.
     pub fn push_durably(
         &self,
         events: impl IntoIterator<Item = QueuedEvent>,

@@ -178,12 +178,30 @@ struct Threaded {
     times: Vec<u64>,
     calls: usize,
     wall: Duration,
+    /// Write system calls the process made meanwhile ([`write_syscalls`]).
+    writes: u64,
 }
 
 impl Threaded {
     fn per_second(&self) -> f64 {
         self.calls as f64 / self.wall.as_secs_f64()
     }
+
+    /// Write system calls per call: a one-row commit makes a few (WAL frames and their
+    /// header), so against one thread's figure this says how many events a commit carried.
+    fn writes_per_call(&self) -> f64 {
+        self.writes as f64 / self.calls as f64
+    }
+}
+
+/// The process's write system calls so far (`syscw` in `/proc/self/io`; 0 where there is none).
+fn write_syscalls() -> u64 {
+    std::fs::read_to_string("/proc/self/io")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("syscw:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
 }
 
 /// Runs `call` `n / threads` times on each of `threads` threads started together; each call
@@ -199,6 +217,7 @@ where
 {
     let call = Arc::new(call);
     let barrier = Arc::new(Barrier::new(threads));
+    let writes = write_syscalls();
     let handles: Vec<_> = (0..threads)
         .map(|_| {
             let call = call.clone();
@@ -225,6 +244,7 @@ where
     if let (Some(first), Some(last)) = (first, last) {
         out.wall += last - first;
     }
+    out.writes += write_syscalls() - writes;
     Ok(())
 }
 
@@ -297,15 +317,20 @@ pub fn always() -> Result<Vec<Row>, Box<dyn std::error::Error>> {
     );
     let per_round = COMMITS / ROUNDS;
     let (mut raw, mut raw_4) = (Vec::new(), Vec::new());
+    let mut raw_writes = 0;
     let (mut one, mut four, mut mutex) = (
         Threaded::default(),
         Threaded::default(),
         Threaded::default(),
     );
     for _ in 0..ROUNDS {
+        let w = write_syscalls();
         raw_side.commit(per_round, &mut raw)?;
+        raw_writes += write_syscalls() - w;
         always_tracks(&one_spool, 1, per_round, &mut one)?;
+        let w = write_syscalls();
         raw_side.commit(per_round, &mut raw_4)?;
+        raw_writes += write_syscalls() - w;
         always_tracks(&four_spool, ALWAYS_THREADS, per_round, &mut four)?;
         mutex_commits(&mutex_side, ALWAYS_THREADS, per_round, &mut mutex)?;
     }
@@ -328,6 +353,10 @@ pub fn always() -> Result<Vec<Row>, Box<dyn std::error::Error>> {
         "mutex_4_threads_median_ns": percentile(&mutex.times, 0.5),
         "mutex_4_threads_p99_ns": percentile(&mutex.times, 0.99),
         "always_4_threads_per_s": four.per_second(),
+        "raw_write_syscalls_per_call": raw_writes as f64 / (2 * COMMITS) as f64,
+        "always_1_thread_write_syscalls_per_call": one.writes_per_call(),
+        "always_4_threads_write_syscalls_per_call": four.writes_per_call(),
+        "mutex_4_threads_write_syscalls_per_call": mutex.writes_per_call(),
         "mutex_4_threads_per_s": mutex.per_second(),
     });
     let (four_t, mutex_t) = (&four.times, &mutex.times);

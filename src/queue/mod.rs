@@ -71,6 +71,9 @@ const INBOX_ROOM_MAX: usize = 4_096;
 /// durability (the event stays queued in memory and the call returns `Error::NotDurable`).
 const ALWAYS_COMMIT_WAIT: Duration = Duration::from_secs(5);
 
+/// How long a durable follower watches for the leader's commit to end before it sleeps.
+const FOLLOWER_SPIN: Duration = Duration::from_micros(20);
+
 /// The spill thread's mailbox, and the generations `durability = always` callers wait for.
 #[derive(Default)]
 struct SpillSignal {
@@ -117,6 +120,7 @@ impl Drop for Lead<'_> {
         let mut group = lock(&self.0.group);
         group.leading = false;
         group.led += 1;
+        self.0.group_ends.fetch_add(1, Ordering::Release);
         let wake = group.followers > 0;
         drop(group);
         if wake {
@@ -205,6 +209,8 @@ pub struct Queue {
     /// wait ([`Queue::push_durably`]).
     group: Mutex<Group>,
     group_cv: Condvar,
+    /// Moves with `Group::led` and `Group::settled`, for followers to watch without the lock.
+    group_ends: std::sync::atomic::AtomicU64,
     /// Refused spills in a row ([`Queue::spill_retry_delay`]).
     spill_refusals: AtomicU32,
 }
@@ -331,6 +337,7 @@ impl Queue {
             spill_cv: Condvar::new(),
             group: Mutex::new(Group::default()),
             group_cv: Condvar::new(),
+            group_ends: std::sync::atomic::AtomicU64::new(0),
             spill_refusals: AtomicU32::new(0),
         }
     }
@@ -530,6 +537,20 @@ impl Queue {
             return Some(Lead(self));
         }
         let (led, settled) = (group.led, group.settled);
+        drop(group);
+        // A commit takes a few microseconds: watched for that long before sleeping, its end
+        // is seen at once instead of after a wake-up.
+        let seen = self.group_ends.load(Ordering::Acquire);
+        let spin_until = Instant::now() + FOLLOWER_SPIN.min(left);
+        let mut spins = 0u32;
+        while self.group_ends.load(Ordering::Acquire) == seen {
+            std::hint::spin_loop();
+            spins += 1;
+            if spins.is_multiple_of(64) && Instant::now() >= spin_until {
+                break;
+            }
+        }
+        let mut group = lock(&self.group);
         group.followers += 1;
         let (mut group, _) = self
             .group_cv
@@ -544,6 +565,8 @@ impl Queue {
     /// After a thread that does not lead the group (the spill thread, `persist()`, a purge)
     /// settled tickets: the followers look again.
     fn wake_followers(&self) {
+        // Seen by a follower still watching, before it sleeps.
+        self.group_ends.fetch_add(1, Ordering::Release);
         let mut group = lock(&self.group);
         if group.followers == 0 {
             return;

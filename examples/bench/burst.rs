@@ -1,6 +1,7 @@
 //! `track()` while the store works: a paced burst into a store at its disk cap (every spill
 //! evicts) against the same burst into an empty store; and `durability = always` against a raw
-//! one-row SQLite commit (WAL, `synchronous=NORMAL`).
+//! one-row SQLite commit (WAL, `synchronous=NORMAL`) and, on 4 threads, against 4 threads doing
+//! those commits through one connection behind a mutex.
 
 use std::path::Path;
 use std::sync::{Arc, Barrier};
@@ -120,13 +121,16 @@ pub fn near_cap() -> Result<Vec<Row>, Box<dyn std::error::Error>> {
     ])
 }
 
-const COMMITS: usize = 2_000;
+/// Calls per side. With 2,000 (10 rounds of 200, a few milliseconds each) the 4-thread
+/// throughput ratio of one build ranged from 0.28 to 1.63 over nine runs on the loaded machine:
+/// a round's wall time is whichever thread the scheduler left out longest.
+const COMMITS: usize = 10_000;
 const ALWAYS_THREADS: usize = 4;
 /// The one-row commits alternate between the raw side and ours in this many rounds, so both
 /// see the same state of the machine (the page cache's write-back of the WAL frames the other
 /// side just wrote, other tenants): run one after the other, the second side paid for the
 /// first's dirty pages and the ratio moved by half its value from run to run.
-const ROUNDS: usize = 10;
+const ROUNDS: usize = 20;
 
 /// Raw rusqlite into the baselines' table: one row per transaction, the rows made beforehand.
 struct RawCommits {
@@ -144,21 +148,124 @@ impl RawCommits {
         })
     }
 
-    /// The next `n` rows, one commit each; per-commit nanoseconds appended to `times`.
-    fn commit(&mut self, n: usize, times: &mut Vec<u64>) -> rusqlite::Result<()> {
-        let mut stmt = self.conn.prepare_cached(
-            "INSERT INTO events (seq, ts, event_id, body) VALUES (?1, ?2, ?3, ?4)",
-        )?;
-        for i in self.next..self.next + n {
-            let (ts, id, body) = &self.rows[i];
-            let t = Instant::now();
-            // Autocommit: one statement is one transaction, committed before `execute` returns.
-            stmt.execute(rusqlite::params![i as i64, ts, id, body])?;
-            times.push(t.elapsed().as_nanos() as u64);
-        }
-        self.next += n;
+    /// The next row in one commit (autocommit: one statement is one transaction, committed
+    /// before `execute` returns).
+    fn commit_one(&mut self) -> rusqlite::Result<()> {
+        let i = self.next;
+        let (ts, id, body) = &self.rows[i];
+        self.conn
+            .prepare_cached("INSERT INTO events (seq, ts, event_id, body) VALUES (?1, ?2, ?3, ?4)")?
+            .execute(rusqlite::params![i as i64, ts, id, body])?;
+        self.next += 1;
         Ok(())
     }
+
+    /// The next `n` rows, one commit each; per-commit nanoseconds appended to `times`.
+    fn commit(&mut self, n: usize, times: &mut Vec<u64>) -> rusqlite::Result<()> {
+        for _ in 0..n {
+            let t = Instant::now();
+            self.commit_one()?;
+            times.push(t.elapsed().as_nanos() as u64);
+        }
+        Ok(())
+    }
+}
+
+/// Per-call nanoseconds of a run on several threads, and its wall time (from the first thread
+/// passing the barrier to the last one finishing), for the throughput.
+#[derive(Default)]
+struct Threaded {
+    times: Vec<u64>,
+    calls: usize,
+    wall: Duration,
+    /// Write system calls the process made meanwhile ([`write_syscalls`]).
+    writes: u64,
+}
+
+impl Threaded {
+    fn per_second(&self) -> f64 {
+        self.calls as f64 / self.wall.as_secs_f64()
+    }
+
+    /// Write system calls per call: a one-row commit makes a few (WAL frames and their
+    /// header), so against one thread's figure this says how many events a commit carried.
+    fn writes_per_call(&self) -> f64 {
+        self.writes as f64 / self.calls as f64
+    }
+}
+
+/// The process's write system calls so far (`syscw` in `/proc/self/io`; 0 where there is none).
+fn write_syscalls() -> u64 {
+    std::fs::read_to_string("/proc/self/io")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("syscw:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Runs `call` `n / threads` times on each of `threads` threads started together; each call
+/// times itself (what it returns, in nanoseconds).
+fn threaded<F>(
+    threads: usize,
+    n: usize,
+    out: &mut Threaded,
+    call: F,
+) -> Result<(), Box<dyn std::error::Error>>
+where
+    F: Fn() -> Result<u64, String> + Send + Sync + 'static,
+{
+    let call = Arc::new(call);
+    let barrier = Arc::new(Barrier::new(threads));
+    let writes = write_syscalls();
+    let handles: Vec<_> = (0..threads)
+        .map(|_| {
+            let call = call.clone();
+            let barrier = barrier.clone();
+            std::thread::spawn(move || {
+                let mut times = Vec::with_capacity(n / threads);
+                barrier.wait();
+                let start = Instant::now();
+                for _ in 0..n / threads {
+                    times.push(call()?);
+                }
+                Ok::<_, String>((times, start, Instant::now()))
+            })
+        })
+        .collect();
+    let (mut first, mut last): (Option<Instant>, Option<Instant>) = (None, None);
+    for h in handles {
+        let (times, start, end) = h.join().map_err(|_| "benchmark thread panicked")??;
+        out.calls += times.len();
+        out.times.extend(times);
+        first = Some(first.map_or(start, |f| f.min(start)));
+        last = Some(last.map_or(end, |l| l.max(end)));
+    }
+    if let (Some(first), Some(last)) = (first, last) {
+        out.wall += last - first;
+    }
+    out.writes += write_syscalls() - writes;
+    Ok(())
+}
+
+/// The fair baseline for `always` on several threads: the same raw one-row commits, from
+/// `threads` threads through one connection behind a plain `std::sync::Mutex`, each call timed
+/// from asking for the lock to the commit's return.
+fn mutex_commits(
+    raw: &Arc<std::sync::Mutex<RawCommits>>,
+    threads: usize,
+    n: usize,
+    out: &mut Threaded,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let raw = raw.clone();
+    threaded(threads, n, out, move || {
+        let t = Instant::now();
+        raw.lock()
+            .map_err(|_| "the baseline's mutex is poisoned".to_string())?
+            .commit_one()
+            .map_err(|e| e.to_string())?;
+        Ok(t.elapsed().as_nanos() as u64)
+    })
 }
 
 fn always_spool(path: &Path) -> eventspool::Result<EventSpool> {
@@ -169,40 +276,23 @@ fn always_spool(path: &Path) -> eventspool::Result<EventSpool> {
     EventSpool::builder(cfg).start_offline().open()
 }
 
-/// `track()` with `durability = always` on `threads` threads, `n` calls in all; per-call
-/// nanoseconds appended to `times`.
+/// `track()` with `durability = always` on `threads` threads, `n` calls in all.
 fn always_tracks(
     spool: &EventSpool,
     threads: usize,
     n: usize,
-    times: &mut Vec<u64>,
+    out: &mut Threaded,
 ) -> Result<(), Box<dyn std::error::Error>> {
-    let barrier = Arc::new(Barrier::new(threads));
-    let handles: Vec<_> = (0..threads)
-        .map(|_| {
-            let spool = spool.clone();
-            let barrier = barrier.clone();
-            std::thread::spawn(move || {
-                let template = properties();
-                let mut times = Vec::with_capacity(n / threads);
-                barrier.wait();
-                for _ in 0..n / threads {
-                    let value = template.clone();
-                    let t = Instant::now();
-                    let ok = spool.track(EVENT_NAME, value).is_ok();
-                    times.push(t.elapsed().as_nanos() as u64);
-                    if !ok {
-                        return Err("durability = always: track() returned an error");
-                    }
-                }
-                Ok(times)
-            })
-        })
-        .collect();
-    for h in handles {
-        times.extend(h.join().map_err(|_| "tracking thread panicked")??);
-    }
-    Ok(())
+    let spool = spool.clone();
+    let template = properties();
+    threaded(threads, n, out, move || {
+        let value = template.clone();
+        let t = Instant::now();
+        spool
+            .track(EVENT_NAME, value)
+            .map_err(|e| format!("durability = always: track() returned an error: {e}"))?;
+        Ok(t.elapsed().as_nanos() as u64)
+    })
 }
 
 fn check_on_disk(spool: EventSpool, n: usize) -> Result<(), Box<dyn std::error::Error>> {
@@ -217,36 +307,63 @@ fn check_on_disk(spool: EventSpool, n: usize) -> Result<(), Box<dyn std::error::
 pub fn always() -> Result<Vec<Row>, Box<dyn std::error::Error>> {
     let dir = tempfile::tempdir()?;
     let mut raw_side = RawCommits::open(&dir.path().join("raw.db"), 2 * COMMITS)?;
+    let mutex_side = Arc::new(std::sync::Mutex::new(RawCommits::open(
+        &dir.path().join("mutex.db"),
+        COMMITS,
+    )?));
     let (one_spool, four_spool) = (
         always_spool(&dir.path().join("always-1.db"))?,
         always_spool(&dir.path().join("always-4.db"))?,
     );
     let per_round = COMMITS / ROUNDS;
-    let (mut raw, mut raw_4, mut one, mut four) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut raw, mut raw_4) = (Vec::new(), Vec::new());
+    let mut raw_writes = 0;
+    let (mut one, mut four, mut mutex) = (
+        Threaded::default(),
+        Threaded::default(),
+        Threaded::default(),
+    );
     for _ in 0..ROUNDS {
+        let w = write_syscalls();
         raw_side.commit(per_round, &mut raw)?;
+        raw_writes += write_syscalls() - w;
         always_tracks(&one_spool, 1, per_round, &mut one)?;
+        let w = write_syscalls();
         raw_side.commit(per_round, &mut raw_4)?;
+        raw_writes += write_syscalls() - w;
         always_tracks(&four_spool, ALWAYS_THREADS, per_round, &mut four)?;
+        mutex_commits(&mutex_side, ALWAYS_THREADS, per_round, &mut mutex)?;
     }
     check_on_disk(one_spool, COMMITS)?;
-    check_on_disk(
-        four_spool,
-        per_round / ALWAYS_THREADS * ALWAYS_THREADS * ROUNDS,
-    )?;
-    for v in [&mut raw, &mut raw_4, &mut one, &mut four] {
+    check_on_disk(four_spool, four.calls)?;
+    for v in [
+        &mut raw,
+        &mut raw_4,
+        &mut one.times,
+        &mut four.times,
+        &mut mutex.times,
+    ] {
         v.sort_unstable();
     }
     let detail = json!({
-        "calls": COMMITS, "rounds": ROUNDS,
+        "calls": COMMITS, "rounds": ROUNDS, "threads": ALWAYS_THREADS,
         "raw_p99_ns": percentile(&raw, 0.99),
-        "always_1_thread_p99_ns": percentile(&one, 0.99),
-        "always_4_threads_p99_ns": percentile(&four, 0.99),
+        "always_1_thread_p99_ns": percentile(&one.times, 0.99),
+        "always_4_threads_p99_ns": percentile(&four.times, 0.99),
+        "mutex_4_threads_median_ns": percentile(&mutex.times, 0.5),
+        "mutex_4_threads_p99_ns": percentile(&mutex.times, 0.99),
+        "always_4_threads_per_s": four.per_second(),
+        "raw_write_syscalls_per_call": raw_writes as f64 / (2 * COMMITS) as f64,
+        "always_1_thread_write_syscalls_per_call": one.writes_per_call(),
+        "always_4_threads_write_syscalls_per_call": four.writes_per_call(),
+        "mutex_4_threads_write_syscalls_per_call": mutex.writes_per_call(),
+        "mutex_4_threads_per_s": mutex.per_second(),
     });
+    let (four_t, mutex_t) = (&four.times, &mutex.times);
     Ok(vec![
         Row::cost(
             "track() durability=always median, 1 thread",
-            percentile(&one, 0.5) as f64,
+            percentile(&one.times, 0.5) as f64,
             percentile(&raw, 0.5) as f64,
             "ns",
             Some(1.5),
@@ -254,10 +371,34 @@ pub fn always() -> Result<Vec<Row>, Box<dyn std::error::Error>> {
         .with(detail.clone()),
         Row::cost(
             "track() durability=always median, 4 threads",
-            percentile(&four, 0.5) as f64,
+            percentile(four_t, 0.5) as f64,
             percentile(&raw_4, 0.5) as f64,
             "ns",
+            Some(3.0),
+        )
+        .with(detail.clone()),
+        Row::cost(
+            "always 4 threads median vs mutex 4 threads",
+            percentile(four_t, 0.5) as f64,
+            percentile(mutex_t, 0.5) as f64,
+            "ns",
+            Some(1.0),
+        )
+        .with(detail.clone()),
+        Row::cost(
+            "always 4 threads p99 vs mutex 4 threads",
+            percentile(four_t, 0.99) as f64,
+            percentile(mutex_t, 0.99) as f64,
+            "ns",
             None,
+        )
+        .with(detail.clone()),
+        Row::rate(
+            "always 4 threads calls/s vs mutex 4 threads",
+            four.per_second(),
+            mutex.per_second(),
+            "calls/s",
+            Some(1.0),
         )
         .with(detail),
     ])

@@ -353,6 +353,67 @@ fn a_failing_checkpoint_after_a_durable_commit_is_still_durable() {
     f.check().unwrap();
 }
 
+/// `durability = always`: a group commit that fails fails every caller of the group, each
+/// with its own event and the store's error; each event is then in memory only, counted once,
+/// and the failure is one store error. The next commit writes them with its own event.
+#[test]
+fn a_failed_group_commit_fails_each_caller_of_the_group_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = Faulty::open(dir.path(), 64 << 20, params_of(100, Durability::Always));
+    let events: Vec<QueuedEvent> = (1..=4).map(|seq| event_of(seq, 50, false)).collect();
+    let ids: Vec<EventId> = events.iter().map(|e| e.id).collect();
+    let outcomes = std::thread::scope(|s| {
+        // The four queue while the spill lock is held elsewhere, so one commit takes them all.
+        let held = f.q.spill_lock.lock();
+        let callers: Vec<_> = events
+            .into_iter()
+            .map(|e| {
+                f.counters.entered(Entry::Tracked, 1);
+                let q = &f.q;
+                s.spawn(move || q.push_durably([e]))
+            })
+            .collect();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while lock(&f.q.signal).requested < 4 {
+            assert!(Instant::now() < deadline, "the callers did not queue");
+            std::thread::yield_now();
+        }
+        f.faults.fail_next(FaultSite::Commit, 1, FaultError::Full);
+        drop(held);
+        callers
+            .into_iter()
+            .map(|c| c.join().unwrap())
+            .collect::<Vec<_>>()
+    });
+    assert_eq!(
+        f.faults.injected(FaultSite::Commit),
+        1,
+        "one commit for the four"
+    );
+    for (outcome, id) in outcomes.iter().zip(&ids) {
+        let refusal = outcome.as_ref().expect_err("the group's commit failed");
+        assert_eq!(
+            refusal.event_ids,
+            vec![*id],
+            "each caller is told of its own event"
+        );
+        assert!(
+            refusal.reason.contains("full"),
+            "the store's error: {}",
+            refusal.reason
+        );
+    }
+    assert_eq!(f.store().len(), 0);
+    assert_eq!(f.ids_in_memory().len(), 4, "the four are kept in memory");
+    assert_eq!(f.counters.snapshot().store_errors, 1, "one failed commit");
+    f.check().unwrap();
+    f.counters.entered(Entry::Tracked, 1);
+    assert_eq!(f.q.push_durably([event_of(5, 50, false)]), Ok(()));
+    assert_eq!(f.store().len(), 5, "the refused four went with it");
+    assert!(f.ids_in_memory().is_empty());
+    f.check().unwrap();
+}
+
 /// Defect 5: a critical event with `durability = spill` behind a 9,000-event backlog is done
 /// once its own chunk commits, not once the whole backlog is on disk.
 #[test]

@@ -20,6 +20,9 @@
 //!    sees delivery order.
 //! 4. `signal` (the spill thread's mailbox), then the store's own connection mutex and lease
 //!    list, and the memory quarantine: leaves, taken last and alone.
+//! 5. `group`: who leads the next `durability = always` commit, and its followers' wait. A
+//!    leaf like `signal`: nothing is taken while it is held (the leader keeps a flag, not the
+//!    mutex, while it takes the spill lock and commits).
 //!
 //! Nothing here calls app code; refusals are queued as notices for the caller to deliver once
 //! it let go of every lock ([`crate::shared::Shared::deliver_notices`]).
@@ -68,6 +71,9 @@ const INBOX_ROOM_MAX: usize = 4_096;
 /// durability (the event stays queued in memory and the call returns `Error::NotDurable`).
 const ALWAYS_COMMIT_WAIT: Duration = Duration::from_secs(5);
 
+/// How long a durable follower watches for the leader's commit to end before it sleeps.
+const FOLLOWER_SPIN: Duration = Duration::from_micros(20);
+
 /// The spill thread's mailbox, and the generations `durability = always` callers wait for.
 #[derive(Default)]
 struct SpillSignal {
@@ -86,6 +92,41 @@ struct SpillSignal {
     tickets: HashMap<u64, Ticket>,
     waiting: HashMap<u64, u64>,
     next_ticket: u64,
+}
+
+/// Who commits for the durable callers waiting now. One of them leads: it commits everything
+/// queued when its commit starts, the others wait for that commit to end, not for the spill
+/// lock. Before, each waited for the spill lock in turn to learn that the commit before it had
+/// carried its event, one hand-off and one wake-up after the other: the fourth of four callers
+/// paid three of them after its own commit, and all waited while the worker held the lock.
+#[derive(Debug, Default)]
+struct Group {
+    /// A durable caller is committing (or waiting for the spill lock to commit).
+    leading: bool,
+    /// Commits led so far: a follower waits until this moves.
+    led: u64,
+    /// Moves when another thread (the spill thread, `persist()`, a purge) settled tickets, so
+    /// the followers it served leave without waiting for the leader.
+    settled: u64,
+    /// Followers waiting: the leader wakes nobody when there are none.
+    followers: usize,
+}
+
+/// Ends a lead, even if the commit panicked, and wakes the followers.
+struct Lead<'a>(&'a Queue);
+
+impl Drop for Lead<'_> {
+    fn drop(&mut self) {
+        let mut group = lock(&self.0.group);
+        group.leading = false;
+        group.led += 1;
+        self.0.group_ends.fetch_add(1, Ordering::Release);
+        let wake = group.followers > 0;
+        drop(group);
+        if wake {
+            self.0.group_cv.notify_all();
+        }
+    }
 }
 
 /// One durable caller's wait.
@@ -164,6 +205,12 @@ pub struct Queue {
     memory_quarantine: Mutex<MemoryQuarantine>,
     signal: Mutex<SpillSignal>,
     spill_cv: Condvar,
+    /// The group commit of `durability = always` callers: who leads it, and the followers'
+    /// wait ([`Queue::push_durably`]).
+    group: Mutex<Group>,
+    group_cv: Condvar,
+    /// Moves with `Group::led` and `Group::settled`, for followers to watch without the lock.
+    group_ends: std::sync::atomic::AtomicU64,
     /// Refused spills in a row ([`Queue::spill_retry_delay`]).
     spill_refusals: AtomicU32,
 }
@@ -288,6 +335,9 @@ impl Queue {
             memory_quarantine: Mutex::new(MemoryQuarantine::default()),
             signal: Mutex::new(SpillSignal::default()),
             spill_cv: Condvar::new(),
+            group: Mutex::new(Group::default()),
+            group_cv: Condvar::new(),
+            group_ends: std::sync::atomic::AtomicU64::new(0),
             spill_refusals: AtomicU32::new(0),
         }
     }
@@ -408,12 +458,14 @@ impl Queue {
 
     /// `durability = always` (or a critical event): queues the events and returns once the
     /// store holds them, or why not. Group commit on the callers' own threads: each caller
-    /// queues its events, then waits for the spill lock; whoever gets it commits what is
-    /// queued by then, and the callers whose events that commit held find their tickets
-    /// settled and leave. With `durability = spill` (a critical event) the caller writes only
-    /// the oldest events, as many as durable callers wait for (critical events sort before
-    /// every normal one), so it is done once its own events commit, not once the whole backlog
-    /// is on disk. The deadline ([`ALWAYS_COMMIT_WAIT`]) is checked after every commit.
+    /// queues its events; if no caller leads a commit, it leads one at once (takes the spill
+    /// lock and commits everything queued by then), otherwise it waits for the leader's commit
+    /// to end, and leaves if that commit held its events ([`Group`]): a follower never waits
+    /// for the spill lock itself, so the callers of one commit leave together. With
+    /// `durability = spill` (a critical event) the caller writes only the oldest events, as
+    /// many as durable callers wait for (critical events sort before every normal one), so it
+    /// is done once its own events commit, not once the whole backlog is on disk. The
+    /// deadline ([`ALWAYS_COMMIT_WAIT`]) is checked after every commit.
     pub fn push_durably(
         &self,
         events: impl IntoIterator<Item = QueuedEvent>,
@@ -459,16 +511,69 @@ impl Queue {
                 };
                 return Err(self.abandon_ticket(ticket, reason));
             }
+            let Some(_lead) = self.lead_or_follow(left) else {
+                // A commit ended (or the wait did): it may have carried this caller's events.
+                continue;
+            };
+            // Leading: the commit starts now, with whatever is queued (no lingering for more;
+            // who comes meanwhile is in the next group, led by one of them).
             let Some(guard) = self.spill_lock.try_lock_for(left) else {
                 continue;
             };
-            if self.ticket_outcome_ready(ticket) {
-                parking_lot::MutexGuard::unlock_fair(guard);
-                continue;
+            if !self.ticket_outcome_ready(ticket) {
+                let _ = self.spill_for_durable();
             }
-            let _ = self.spill_for_durable();
             parking_lot::MutexGuard::unlock_fair(guard);
         }
+    }
+
+    /// Becomes the group's leader if none leads (`Some`: the lead ends when it is dropped), or
+    /// waits, at most `left`, for the leader's commit to end or another thread to settle
+    /// tickets (`None`).
+    fn lead_or_follow(&self, left: Duration) -> Option<Lead<'_>> {
+        let mut group = lock(&self.group);
+        if !group.leading {
+            group.leading = true;
+            return Some(Lead(self));
+        }
+        let (led, settled) = (group.led, group.settled);
+        drop(group);
+        // A commit takes a few microseconds: watched for that long before sleeping, its end
+        // is seen at once instead of after a wake-up.
+        let seen = self.group_ends.load(Ordering::Acquire);
+        let spin_until = Instant::now() + FOLLOWER_SPIN.min(left);
+        let mut spins = 0u32;
+        while self.group_ends.load(Ordering::Acquire) == seen {
+            std::hint::spin_loop();
+            spins += 1;
+            if spins.is_multiple_of(64) && Instant::now() >= spin_until {
+                break;
+            }
+        }
+        let mut group = lock(&self.group);
+        group.followers += 1;
+        let (mut group, _) = self
+            .group_cv
+            .wait_timeout_while(group, left, |g| {
+                g.leading && g.led == led && g.settled == settled
+            })
+            .unwrap_or_else(|p| p.into_inner());
+        group.followers -= 1;
+        None
+    }
+
+    /// After a thread that does not lead the group (the spill thread, `persist()`, a purge)
+    /// settled tickets: the followers look again.
+    fn wake_followers(&self) {
+        // Seen by a follower still watching, before it sleeps.
+        self.group_ends.fetch_add(1, Ordering::Release);
+        let mut group = lock(&self.group);
+        if group.followers == 0 {
+            return;
+        }
+        group.settled += 1;
+        drop(group);
+        self.group_cv.notify_all();
     }
 
     /// Whether a ticket is settled (without taking it).
@@ -547,6 +652,8 @@ impl Queue {
                 t.left.remove(&seq);
             }
         }
+        drop(signal);
+        self.wake_followers();
     }
 
     /// Whether a durable caller waits for events still in memory.

@@ -95,6 +95,109 @@ fn durable_callers_waiting_together_share_one_commit() {
     assert_eq!(q.store.as_ref().unwrap().len(), 9);
 }
 
+/// `durability = always` on four threads: every caller's event is on disk (read by another
+/// connection) when its call returns, every event once, in fewer commits than calls or as
+/// many, never more.
+#[test]
+fn durable_callers_on_four_threads_find_their_events_on_disk_when_they_return() {
+    const THREADS: u64 = 4;
+    const CALLS: u64 = 150;
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("q.db");
+    let opened = Queue::open(
+        &db,
+        64 << 20,
+        0,
+        params(1_000, Durability::Always),
+        Ledger::default(),
+        Default::default(),
+    )
+    .unwrap();
+    let q = Arc::new(opened.queue);
+    let callers: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let (q, db) = (q.clone(), db.clone());
+            std::thread::spawn(move || {
+                let reader = rusqlite::Connection::open_with_flags(
+                    &db,
+                    rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+                )
+                .unwrap();
+                for i in 0..CALLS {
+                    let seq = 1 + t * CALLS + i;
+                    let e = event(1_000 + seq as i64, seq);
+                    let id = e.id.to_string();
+                    assert_eq!(q.push_durably([e]), Ok(()), "thread {t}, call {i}");
+                    let rows: i64 = reader
+                        .query_row(
+                            "SELECT count(*) FROM events WHERE event_id = ?1",
+                            [&id],
+                            |r| r.get(0),
+                        )
+                        .unwrap();
+                    assert_eq!(rows, 1, "thread {t}, call {i}: returned before its commit");
+                }
+            })
+        })
+        .collect();
+    for caller in callers {
+        caller.join().unwrap();
+    }
+    let store = q.store.as_ref().unwrap();
+    assert_eq!(store.len(), THREADS * CALLS);
+    assert!(store.insert_transactions() <= THREADS * CALLS);
+    assert_eq!(q.memory().len(), 0, "nothing is also kept in memory");
+}
+
+/// `durability = always`: a caller whose event another thread committed (the spill thread,
+/// `persist()`) returns while that thread still holds the spill lock. Before, every caller
+/// waited for the spill lock to learn its outcome, each in turn.
+#[test]
+fn durable_callers_another_thread_committed_for_leave_while_it_holds_the_spill_lock() {
+    let dir = tempfile::tempdir().unwrap();
+    let opened = Queue::open(
+        &dir.path().join("q.db"),
+        64 << 20,
+        0,
+        params(1_000, Durability::Always),
+        Ledger::default(),
+        Default::default(),
+    )
+    .unwrap();
+    let q = Arc::new(opened.queue);
+    let held = q.spill_lock.lock();
+    let (done, returned) = std::sync::mpsc::channel();
+    let callers: Vec<_> = (0..4u64)
+        .map(|i| {
+            let (q, done) = (q.clone(), done.clone());
+            std::thread::spawn(move || {
+                let outcome = q.push_durably([event(100 + i as i64, i + 1)]);
+                done.send(()).unwrap();
+                outcome
+            })
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while lock(&q.signal).requested < 4 || lock(&q.group).followers < 3 {
+        assert!(Instant::now() < deadline, "the callers did not queue");
+        std::thread::yield_now();
+    }
+    // The commit another thread makes, the spill lock held, as `spill_now` does.
+    q.spill_for_durable().unwrap();
+    q.wake_followers();
+    assert_eq!(q.store.as_ref().unwrap().len(), 4);
+    for n in 0..3 {
+        returned
+            .recv_timeout(Duration::from_secs(3))
+            .unwrap_or_else(|_| panic!("{n} of the 3 followers returned while the lock was held"));
+    }
+    drop(held);
+    for caller in callers {
+        assert_eq!(caller.join().unwrap(), Ok(()));
+    }
+    assert_eq!(q.store.as_ref().unwrap().insert_transactions(), 1);
+}
+
 /// A queue with a store in `dir` and `durability = spill`, and its spill thread running.
 fn spilling_queue(dir: &Path, capacity: u64) -> (Arc<Queue>, std::thread::JoinHandle<()>) {
     let q = Arc::new(

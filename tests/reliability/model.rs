@@ -1265,6 +1265,18 @@ fn model_replay_a_persist_failing_part_way_keeps_what_committed_on_disk_only() {
     );
 }
 
+/// `DELETE FROM quarantine` on an empty quarantine changes no row but still writes a few WAL
+/// frames; the store checked its cap only after a transaction that changed rows, so two purges
+/// on a store near its cap left it 296 bytes over.
+#[test]
+fn model_replay_empty_purges_keep_the_store_inside_its_cap() {
+    replay(
+        "always: offline burst:ok+big,ok+big,ok+big,ok+big burst:ok+big,ok+big track:ok+big \
+         track:ok+big track:ok+big burst:ok+big,ok+big,ok+big,ok+big,ok+big track:ok@3m \
+         purge_quarantine purge_quarantine",
+    );
+}
+
 /// Replays the case in `EVENTSPOOL_MODEL_CASE` (as a failure prints it), for diagnosis:
 /// `EVENTSPOOL_MODEL_CASE="spill: track:ok offline" cargo test --all-features --test reliability
 /// model_replay_from_env -- --ignored --nocapture`.

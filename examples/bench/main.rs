@@ -4,7 +4,7 @@
 //! `cargo run --release --example bench [-- --quick]`
 //!
 //! Human table on stderr, JSON report on stdout. `--quick` skips the 1M-event growth runs;
-//! `--only track,spill,cap,always,critical,drain,encrypt,rss,cold,slowlink` picks scenarios; `--sizes N,M` sets the spill/drain sizes.
+//! `--only track,spill,cap,always,critical,drain,encrypt,rss,cold,slowlink,trickle` picks scenarios; `--sizes N,M` sets the spill/drain sizes.
 //! The peak-RSS run re-executes this binary (`--rss-child URL`) so that the high-water mark it
 //! reads belongs to that scenario alone. See BENCHMARKS.md for the figures and the machine.
 
@@ -14,6 +14,7 @@ mod rss;
 mod slowlink;
 mod store;
 mod track;
+mod trickle;
 
 use eventspool_testkit::throttle;
 use serde_json::{Value, json};
@@ -259,6 +260,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     if want("slowlink") {
         emit(slowlink::run()?);
+    }
+    if want("trickle") {
+        emit(trickle::run(quick)?);
     }
     let report = json!({
         "machine": machine,

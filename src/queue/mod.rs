@@ -201,6 +201,10 @@ pub struct Queue {
     /// Set once an event past `memory_capacity` sits in the inbox and the spill thread was
     /// asked to fold it, so tracking threads ask once.
     fold_asked: AtomicBool,
+    /// The spill thread is waiting for more events before it writes (a trickle past
+    /// `memory_capacity`, [`Queue::gather`]); the tracking thread whose event fills a chunk's
+    /// worth ends the wait.
+    spill_lingering: AtomicBool,
     store: Option<Store>,
     memory_quarantine: Mutex<MemoryQuarantine>,
     signal: Mutex<SpillSignal>,
@@ -331,6 +335,7 @@ impl Queue {
             inbox: parking_lot::Mutex::new(Inbox::default()),
             buffered: AtomicUsize::new(0),
             fold_asked: AtomicBool::new(false),
+            spill_lingering: AtomicBool::new(false),
             store,
             memory_quarantine: Mutex::new(MemoryQuarantine::default()),
             signal: Mutex::new(SpillSignal::default()),
@@ -436,10 +441,16 @@ impl Queue {
                 let ask = held >= capacity
                     && !self.fold_asked.load(Ordering::SeqCst)
                     && !self.fold_asked.swap(true, Ordering::SeqCst);
+                // A spill lingering for more ([`Queue::gather`]) has a chunk's worth now.
+                let full = held >= capacity + spill::SPILL_BATCH_MIN
+                    && self.spill_lingering.load(Ordering::SeqCst);
                 drop(inbox);
                 drop(spent);
                 if ask {
                     self.ask_spiller();
+                }
+                if full {
+                    self.wake_lingering_spill();
                 }
                 return;
             }

@@ -24,12 +24,16 @@ use crate::sync::lock;
 /// baseline commits.
 pub const SPILL_CHUNK: usize = 1_000;
 
-/// A spill waits for this many events past `memory_capacity` while they keep coming
-/// ([`Queue::gather`]), checking every [`SPILL_LINGER_STEP`] that they still do, for at most
-/// [`SPILL_LINGER_MAX`]: an event past `memory_capacity` reaches the store at most that much later.
-const SPILL_BATCH_MIN: usize = 256;
-const SPILL_LINGER_STEP: Duration = Duration::from_micros(200);
-const SPILL_LINGER_MAX: Duration = Duration::from_millis(2);
+/// A spill waits for this many events past `memory_capacity` ([`Queue::gather`]), for at most
+/// [`SPILL_LINGER_MAX`]: an event past `memory_capacity` reaches the store at most that much
+/// later, and at most this many wait with it. Every commit writes at least a page of WAL (4 KB)
+/// for each page it touches, for events of a few hundred bytes: an offline app tracking 20
+/// events a second with memory full wrote one commit per event, about 19 bytes to disk per byte
+/// of event; lingering two seconds puts 40 events in a commit. The crash window of `durability =
+/// spill` grows by the same bound: `memory_capacity` events plus at most this many, at most two
+/// seconds old (decision 0068).
+pub(super) const SPILL_BATCH_MIN: usize = 256;
+pub(super) const SPILL_LINGER_MAX: Duration = Duration::from_secs(2);
 
 /// A refused spill is tried again after [`SPILL_RETRY_FIRST`], doubled after each refusal in a
 /// row up to [`SPILL_RETRY_MAX`], and at once when new events ask for a spill. A full disk stays
@@ -233,37 +237,48 @@ impl Queue {
         }
     }
 
-    /// Before a spill, while tracking goes on: waits until [`SPILL_BATCH_MIN`] events are past
-    /// `memory_capacity`, or they stop coming, or [`SPILL_LINGER_MAX`] has passed, whichever is
-    /// first. A spill thread as fast as tracking otherwise wrote every few events in a
-    /// transaction of their own: each rewrote the last pages of the table, so a 10,000-event
-    /// burst in chunks of 40-70 put enough frames in the WAL to cross the checkpoint threshold
-    /// (an 8-9 ms checkpoint inside the burst), and each chunk's fold made tracking ask again.
-    /// The inbox is not folded meanwhile, so tracking threads do not ask again either.
-    /// With `durability = always` callers wait for their commit: no gathering.
+    /// Before a spill: waits until [`SPILL_BATCH_MIN`] events are past `memory_capacity`, or
+    /// [`SPILL_LINGER_MAX`] has passed, whichever is first. A burst fills a chunk's worth at
+    /// once; a trickle (tens of events a second) would otherwise write one commit per event.
+    /// A spill as fast as tracking also wrote every few events of a burst in a transaction of
+    /// their own: each rewrote the last pages of the table, so a 10,000-event burst in chunks of
+    /// 40-70 put enough frames in the WAL to cross the checkpoint threshold (an 8-9 ms
+    /// checkpoint inside the burst). The inbox is not folded meanwhile, so tracking threads do
+    /// not ask again; the one whose event reaches the threshold wakes this wait
+    /// ([`Queue::wake_lingering_spill`]), so memory never holds more than that many past its
+    /// capacity for long. With `durability = always` callers wait for their commit, and a
+    /// durable caller (a critical event) writes its own: no lingering for them.
     fn gather(&self) {
         if self.params.durability != Durability::Spill || self.durable_waiting() {
             return;
         }
         let deadline = Instant::now() + SPILL_LINGER_MAX;
-        let mut seen = self.overflow();
-        while seen < SPILL_BATCH_MIN {
-            {
-                let signal = lock(&self.signal);
-                let left = deadline.saturating_duration_since(Instant::now());
-                if signal.stop || left.is_zero() {
-                    return;
-                }
-                let _ = self
-                    .spill_cv
-                    .wait_timeout(signal, SPILL_LINGER_STEP.min(left));
+        loop {
+            self.spill_lingering.store(true, Ordering::SeqCst);
+            if self.overflow() >= SPILL_BATCH_MIN {
+                break;
             }
-            let now = self.overflow();
-            if now <= seen {
-                // Nothing new for a step: the burst is over, write what there is.
-                return;
+            let signal = lock(&self.signal);
+            let left = deadline.saturating_duration_since(Instant::now());
+            if signal.stop || left.is_zero() {
+                break;
             }
-            seen = now;
+            // Cleared by a tracking thread past the threshold before this lock was taken: look
+            // again instead of waiting for a wake-up that already happened.
+            if self.spill_lingering.load(Ordering::SeqCst) {
+                let _ = self.spill_cv.wait_timeout(signal, left);
+            }
+        }
+        self.spill_lingering.store(false, Ordering::SeqCst);
+    }
+
+    /// Ends a lingering spill's wait (see [`Queue::gather`]): called by the tracking thread
+    /// whose event took memory [`SPILL_BATCH_MIN`] past its capacity, once per linger. The
+    /// signal lock orders it after the spill thread's check, so the wake-up is never lost.
+    pub(super) fn wake_lingering_spill(&self) {
+        if self.spill_lingering.swap(false, Ordering::SeqCst) {
+            let _signal = lock(&self.signal);
+            self.spill_cv.notify_all();
         }
     }
 

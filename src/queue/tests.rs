@@ -1,6 +1,6 @@
 //! The queue's own tests: the inbox, group commit, and the spill thread keeping up.
 
-use super::spill::{SPENT_BYTES_MAX, SPENT_MAX};
+use super::spill::{SPENT_BYTES_MAX, SPENT_MAX, SPILL_BATCH_MIN, SPILL_LINGER_MAX};
 use super::*;
 use crate::event::EventId;
 
@@ -248,6 +248,79 @@ fn the_spill_thread_keeps_up_with_tracking_without_being_polled() {
             "round {round}: everything past memory_capacity is on disk"
         );
     }
+    q.stop_spiller();
+    spiller.join().unwrap();
+}
+
+/// An offline trickle past `memory_capacity` (an app tracking tens of events a second with
+/// memory full) reaches the store in a few commits, not one per event: each commit writes at
+/// least a page of WAL for an event of a few hundred bytes. The spill lingers for more, at most
+/// [`SPILL_LINGER_MAX`], and the events are on disk within that bound.
+#[test]
+fn a_trickle_past_memory_capacity_is_written_in_a_few_commits() {
+    const CAPACITY: u64 = 10;
+    const TRICKLE: u64 = 30;
+    let dir = tempfile::tempdir().unwrap();
+    let (q, spiller) = spilling_queue(dir.path(), CAPACITY);
+    let store = q.store.as_ref().unwrap();
+    for seq in 1..=CAPACITY {
+        q.push(event(seq as i64, seq));
+    }
+    let first_past = Instant::now();
+    for seq in CAPACITY + 1..=CAPACITY + TRICKLE {
+        q.push(event(seq as i64, seq));
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // The bound, with room for a loaded machine.
+    let deadline = first_past + SPILL_LINGER_MAX + Duration::from_secs(3);
+    while store.len() < TRICKLE && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(
+        store.len(),
+        TRICKLE,
+        "every event past memory_capacity reached the store"
+    );
+    assert!(
+        store.insert_transactions() <= 2,
+        "{} commits for a trickle of {TRICKLE} events 10 ms apart",
+        store.insert_transactions()
+    );
+    q.stop_spiller();
+    spiller.join().unwrap();
+}
+
+/// A lingering spill does not wait out its bound once a burst has filled a chunk's worth: the
+/// burst would otherwise pile up in memory for the whole linger, and past the spill backlog's
+/// ceiling the oldest are dropped.
+#[test]
+fn a_burst_during_a_trickle_linger_is_written_without_waiting_for_its_end() {
+    const CAPACITY: u64 = 10;
+    const BURST: u64 = 2_000;
+    let dir = tempfile::tempdir().unwrap();
+    let (q, spiller) = spilling_queue(dir.path(), CAPACITY);
+    let store = q.store.as_ref().unwrap();
+    for seq in 1..=CAPACITY + 1 {
+        q.push(event(seq as i64, seq));
+    }
+    // The spill thread is lingering for the one event past memory_capacity.
+    std::thread::sleep(Duration::from_millis(20));
+    let burst = Instant::now();
+    for seq in CAPACITY + 2..=CAPACITY + 1 + BURST {
+        q.push(event(seq as i64, seq));
+    }
+    // Everything past memory_capacity but a tail shorter than a chunk's worth (which lingers
+    // in its turn), within half the linger's bound: the linger began before the burst and
+    // would end within it.
+    let written = BURST + 1 - SPILL_BATCH_MIN as u64;
+    while store.len() < written && burst.elapsed() < SPILL_LINGER_MAX / 2 {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(
+        store.len() >= written,
+        "{} of the burst's {BURST} events on disk after half the linger's bound",
+        store.len()
+    );
     q.stop_spiller();
     spiller.join().unwrap();
 }

@@ -205,6 +205,9 @@ pub struct Queue {
     /// `memory_capacity`, [`Queue::gather`]); the tracking thread whose event fills a chunk's
     /// worth ends the wait.
     spill_lingering: AtomicBool,
+    /// The spill thread's last turn wrote a chunk's worth: a burst is being written, and its
+    /// tail is not held for a linger ([`Queue::gather`]).
+    spill_bursting: AtomicBool,
     store: Option<Store>,
     memory_quarantine: Mutex<MemoryQuarantine>,
     signal: Mutex<SpillSignal>,
@@ -336,6 +339,7 @@ impl Queue {
             buffered: AtomicUsize::new(0),
             fold_asked: AtomicBool::new(false),
             spill_lingering: AtomicBool::new(false),
+            spill_bursting: AtomicBool::new(false),
             store,
             memory_quarantine: Mutex::new(MemoryQuarantine::default()),
             signal: Mutex::new(SpillSignal::default()),

@@ -75,13 +75,13 @@ impl MemoryBuffer {
             self.sort_spill();
             let excess = self.spill.len() - ceiling;
             // The oldest normal events go first; critical ones only when nothing else is left.
-            let mut left = excess;
-            self.spill.retain(|e| {
-                let drop = left > 0 && !e.critical;
-                left -= usize::from(drop);
-                !drop
-            });
-            self.spill.drain(..left);
+            // Sorted, the critical ones lead (their lane sorts first) and the oldest normal ones
+            // follow them: one range, removed without walking the backlog. A `retain` over the
+            // backlog made each `track()` at the ceiling cost a pass over its 10,000 events.
+            let critical = self.spill.partition_point(|e| e.critical);
+            let normal = excess.min(self.spill.len() - critical);
+            self.spill.drain(critical..critical + normal);
+            self.spill.drain(..excess - normal);
             overflow.dropped += excess as u64;
         }
         overflow
@@ -389,6 +389,60 @@ mod tests {
 
     fn ev(ts: i64, seq: u64) -> QueuedEvent {
         super::super::ordered::test_event(ts, seq, false)
+    }
+
+    /// Past the spill backlog's ceiling the oldest normal events are dropped, critical ones
+    /// only once no normal one is left, and what stays keeps its order.
+    #[test]
+    fn past_the_ceiling_the_oldest_normal_events_go_and_critical_ones_stay() {
+        let capacity = 1;
+        let ceiling = SPILL_BACKLOG_MIN;
+        let mut b = MemoryBuffer::default();
+        let critical = |ts, seq| super::super::ordered::test_event(ts, seq, true);
+        // Three critical events among the oldest, then normal ones up to the ceiling.
+        let mut seq = 0;
+        for ts in 0..(ceiling + capacity) as i64 {
+            seq += 1;
+            let e = if ts % 1_000 == 0 && ts < 3_000 {
+                critical(ts, seq)
+            } else {
+                ev(ts, seq)
+            };
+            assert_eq!(b.push(e, capacity, true).dropped, 0);
+        }
+        // Five more: the five oldest normal events go.
+        let mut dropped = 0;
+        for ts in 0..5 {
+            seq += 1;
+            dropped += b.push(ev(1_000_000 + ts, seq), capacity, true).dropped;
+        }
+        assert_eq!(dropped, 5);
+        let spill = b.take_spill(usize::MAX);
+        assert_eq!(spill.len(), ceiling);
+        // Memory's queue keeps critical events before normal ones; the spill backlog the rest.
+        let mut crit: Vec<i64> = spill
+            .iter()
+            .chain(b.queued.iter())
+            .filter(|e| e.critical)
+            .map(|e| e.ts_ms)
+            .collect();
+        crit.sort_unstable();
+        assert_eq!(crit, [0, 1_000, 2_000], "critical events stay");
+        let first_normal: Vec<i64> = spill
+            .iter()
+            .filter(|e| !e.critical)
+            .take(3)
+            .map(|e| e.ts_ms)
+            .collect();
+        assert_eq!(
+            first_normal,
+            [6, 7, 8],
+            "the five oldest normal ones (1 to 5) went"
+        );
+        assert!(
+            spill.windows(2).all(|w| w[0].key() < w[1].key()),
+            "in delivery order"
+        );
     }
 
     #[test]

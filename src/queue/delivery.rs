@@ -78,6 +78,10 @@ impl Queue {
             }
         }
         if picked.is_empty() {
+            // Nothing more to send: the acknowledged rows' deletes wait for no later batch.
+            if let Some(store) = &self.store {
+                store.settle();
+            }
             return picked;
         }
         memory.lease(&memory_keys);
@@ -100,6 +104,40 @@ impl Queue {
             store.delete(&on_disk)?;
         }
         Ok(())
+    }
+
+    /// Takes a delivered batch's events out of the queue like [`Queue::ack`], but its rows in
+    /// the store are deleted later ([`Store::delete_later`]): by [`Queue::settle`] while the
+    /// next request is on the wire, or before the worker waits.
+    ///
+    /// [`Store::delete_later`]: super::store::Store::delete_later
+    pub fn delivered(&self, events: &[(QueuedEvent, bool)]) -> Result<()> {
+        let _guard = self.spill_lock.lock();
+        let (memory, mut on_disk) = seqs_by_origin(events);
+        on_disk.extend(self.memory().acknowledge(&memory));
+        match &self.store {
+            Some(store) => store.delete_later(&on_disk),
+            None => Ok(()),
+        }
+    }
+
+    /// Commits the deletes [`Queue::delivered`] left for a later write: before the worker
+    /// waits, so an idle spool holds no delivered rows on disk.
+    pub fn settle(&self) {
+        if let Some(store) = &self.store {
+            store.settle();
+        }
+    }
+
+    /// Reads the store's next `limit` rows while a batch is on the wire, for the next
+    /// [`Queue::next_batch`] to take if nothing changes before it (store/read_ahead.rs). Only
+    /// when the store holds rows besides the batch in flight.
+    pub fn read_ahead(&self, limit: usize, in_flight_from_store: usize) {
+        if let Some(store) = &self.store
+            && store.len() > in_flight_from_store as u64
+        {
+            store.read_ahead(limit);
+        }
     }
 
     /// Gives events of an unanswered batch back to the queue, each to where it came from.

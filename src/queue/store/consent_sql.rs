@@ -74,6 +74,7 @@ impl Store {
                 while rows.next()?.is_some() {}
             }
             tx.commit()?;
+            self.forget_read_ahead();
             if with_leased {
                 self.leased().clear();
             }

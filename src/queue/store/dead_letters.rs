@@ -81,7 +81,7 @@ impl Store {
         // The check reads two atomics unless the WAL is over its share.
         self.checkpoint_if_needed(&conn);
         drop(conn);
-        self.release(from_queue);
+        self.unlease_gone(from_queue);
         self.forget_rows(moved);
         Ok(out)
     }

@@ -36,6 +36,7 @@ impl Store {
         if seqs.is_empty() {
             return;
         }
+        self.forget_in_flight(seqs);
         let mut owed = lock(&self.owed);
         owed.retain(|o| !seqs.contains(&o.seq));
         self.faults.note_owed(owed.len() as u64);
@@ -59,6 +60,47 @@ impl Store {
             }
             Err(e) => tracing::debug!(error = %e, "owed deletes still failing"),
         }
+    }
+
+    /// Acknowledged rows, deleted later instead of before the next request: by
+    /// [`Store::settle`], which the worker calls once that request is on the wire and before
+    /// it waits, or by any write that commits first. They are owed from here on, so no read
+    /// or count sees them; a crash before the delete leaves them queued, to be sent again with
+    /// the same ids, which the collector deduplicates (decision 0069). Rows no longer leased
+    /// (deleted with the rest on a denial) are deleted now, as by [`Store::delete`], so the
+    /// count only forgets rows that are there.
+    pub fn delete_later(&self, seqs: &[u64]) -> Result<()> {
+        let (seqs, now): (Vec<u64>, Vec<u64>) = {
+            let leased = self.leased();
+            seqs.iter().copied().partition(|s| leased.contains(s))
+        };
+        if !now.is_empty() {
+            self.delete(&now)?;
+        }
+        if seqs.is_empty() {
+            return Ok(());
+        }
+        {
+            let mut owed = lock(&self.owed);
+            owed.extend(seqs.iter().map(|&seq| Owed {
+                seq,
+                counted_as: None,
+            }));
+            self.faults.note_owed(owed.len() as u64);
+        }
+        // Owed before unleased, so a read ahead never sees them as neither.
+        self.leased().retain(|s| !seqs.contains(s));
+        self.forget_rows(seqs.len() as u64);
+        Ok(())
+    }
+
+    /// Commits the deletes the store owes, when it owes any.
+    pub fn settle(&self) {
+        if lock(&self.owed).is_empty() {
+            return;
+        }
+        let mut conn = self.conn();
+        self.try_settle_owed(&mut conn);
     }
 
     /// Deletes acknowledged (or quarantined) events; returns how many rows went.
@@ -106,7 +148,7 @@ impl Store {
             }
         };
         drop(conn);
-        self.release(seqs);
+        self.unlease_gone(seqs);
         self.forget_rows(n);
         Ok(n)
     }

@@ -25,22 +25,27 @@ impl Store {
     /// one per request, on a store the backlog has filled to its share).
     pub fn report_add(&self, id: u64, body: &str) -> Result<()> {
         let mut conn = self.conn();
-        let tx = conn.transaction()?;
-        tx.execute(
-            "INSERT OR REPLACE INTO reports (id, body) VALUES (?1, ?2)",
-            params![id as i64, body],
-        )?;
-        super::write_meta(&tx, "next_report", &(id + 1).to_string())?;
-        let over = super::db_excess(&tx, self.page_size, self.budget.db_bytes)?;
-        if over > 0 {
-            drop(tx);
-            return Err(Error::Storage(format!(
-                "no room for a client report: the database would pass its share of max_disk_bytes ({} bytes) by {over} bytes",
-                self.budget.db_bytes
-            )));
-        }
-        tx.commit()?;
-        self.checkpoint_if_needed(&conn);
+        let conn = &mut *conn;
+        let added = self.beside_the_queue(conn, || -> Result<()> {
+            let tx = conn.unchecked_transaction()?;
+            tx.execute(
+                "INSERT OR REPLACE INTO reports (id, body) VALUES (?1, ?2)",
+                params![id as i64, body],
+            )?;
+            super::write_meta(&tx, "next_report", &(id + 1).to_string())?;
+            let over = super::db_excess(&tx, self.page_size, self.budget.db_bytes)?;
+            if over > 0 {
+                drop(tx);
+                return Err(Error::Storage(format!(
+                    "no room for a client report: the database would pass its share of max_disk_bytes ({} bytes) by {over} bytes",
+                    self.budget.db_bytes
+                )));
+            }
+            tx.commit()?;
+            Ok(())
+        });
+        added?;
+        self.checkpoint_if_needed(conn);
         Ok(())
     }
 
@@ -56,11 +61,13 @@ impl Store {
     /// Forgets reports a 2xx covered.
     pub fn reports_delete(&self, ids: &[u64]) -> Result<()> {
         let conn = self.conn();
-        let mut stmt = conn.prepare_cached("DELETE FROM reports WHERE id = ?1")?;
-        for id in ids {
-            stmt.execute([*id as i64])?;
-        }
-        drop(stmt);
+        self.beside_the_queue(&conn, || -> Result<()> {
+            let mut stmt = conn.prepare_cached("DELETE FROM reports WHERE id = ?1")?;
+            for id in ids {
+                stmt.execute([*id as i64])?;
+            }
+            Ok(())
+        })?;
         self.checkpoint_if_needed(&conn);
         Ok(())
     }

@@ -20,8 +20,10 @@ mod deletes;
 pub mod faults;
 mod fleet_sql;
 mod frontier;
+mod in_flight;
 mod open;
 mod quarantine_sql;
+mod read_ahead;
 mod reads;
 pub mod schema;
 mod wal;
@@ -194,6 +196,14 @@ pub struct Store {
     /// sealed store does not open every reason at each call. Set, and cleared, only with the
     /// connection held.
     quarantine_counts: Mutex<Option<BTreeMap<String, u64>>>,
+    /// The rows on the wire as the `meta` record names them (in_flight.rs), whose send count
+    /// has not reached them yet.
+    in_flight: Mutex<Vec<u64>>,
+    /// The next batch's rows, read while the one before it was on the wire (read_ahead.rs).
+    read_ahead: Mutex<Option<read_ahead::ReadAhead>>,
+    /// Batches given back to the queue ([`Store::release`]): a read ahead from before one is
+    /// not taken.
+    given_back: AtomicU64,
     /// Where the connection came from (faults.rs). Last, so the connection closes first.
     faults: FaultPoint,
 }
@@ -368,5 +378,7 @@ pub fn disk_usage(path: &Path) -> u64 {
 #[cfg(test)]
 mod failure_tests;
 
+#[cfg(test)]
+mod pipeline_tests;
 #[cfg(test)]
 mod tests;

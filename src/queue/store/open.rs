@@ -4,6 +4,7 @@
 //! the key check on their own connection).
 
 use super::count_at_close::queued_rows;
+use super::in_flight;
 use super::reads::{BODY, body_ad};
 use super::writes::{INSERT_EVENT, INSERT_EVENTS_MANY};
 use super::*;
@@ -20,6 +21,8 @@ enum Refused {
 struct Connected {
     conn: Connection,
     rows: u64,
+    /// Rows the last batch on the wire still owes a send count (in_flight.rs).
+    in_flight: Vec<u64>,
     page_size: u64,
     wal: Arc<WalWatch>,
     frontier: Frontier,
@@ -78,6 +81,7 @@ impl Store {
         let Connected {
             conn,
             rows,
+            in_flight,
             page_size,
             wal,
             frontier,
@@ -103,6 +107,9 @@ impl Store {
             db_file_bytes: AtomicU64::new(0),
             frontier: Mutex::new(frontier),
             quarantine_counts: Mutex::new(None),
+            in_flight: Mutex::new(in_flight),
+            read_ahead: Mutex::new(None),
+            given_back: AtomicU64::new(0),
             faults,
         }
     }
@@ -177,6 +184,7 @@ impl Store {
             return Ok(Err(Refused::Key(e)));
         }
         let rows = queued_rows(&mut conn)?;
+        let in_flight = in_flight::settle_at_open(&mut conn);
         conn.query_row("SELECT count(*) FROM quarantine", [], |r| {
             r.get::<_, i64>(0)
         })?;
@@ -188,6 +196,7 @@ impl Store {
         Ok(Ok(Connected {
             conn,
             rows,
+            in_flight,
             page_size,
             wal,
             frontier,

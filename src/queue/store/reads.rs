@@ -3,11 +3,12 @@
 //! to the quarantine, the leases that keep the batch in flight from the cap and from expiry,
 //! and the bookkeeping a send writes on its rows. Also the row format reads and writes share.
 
+use super::in_flight;
 use super::*;
 
 impl Store {
     /// The seqs a read must pass over: the batch in flight and the rows owed a delete.
-    fn skipped(&self) -> Vec<u64> {
+    pub(super) fn skipped(&self) -> Vec<u64> {
         let mut seqs = self.leased().clone();
         seqs.extend(lock(&self.owed).iter().map(|o| o.seq));
         seqs
@@ -28,57 +29,82 @@ impl Store {
     /// The oldest queued events in delivery order (never the leased ones), for the next batch.
     /// A row whose body does not open with its key (damaged on disk) is moved to the
     /// quarantine as `undecryptable` instead, and counted for [`Store::take_undecryptable`].
+    /// What [`Store::read_ahead`] read while the last batch was on the wire is taken instead
+    /// of reading again when nothing has changed since (read_ahead.rs).
     pub fn oldest(&self, limit: usize) -> Result<Vec<QueuedEvent>> {
-        let mut out = Vec::with_capacity(limit);
-        let mut unreadable: Vec<(u64, QuarantinedEvent)> = Vec::new();
-        {
+        let (out, unreadable) = {
             let mut conn = self.conn();
-            self.try_settle_owed(&mut conn);
-            let skipped = self.skipped();
-            let mut frontier = lock(&self.frontier);
-            // Without a LIMIT: both runs are read in the order they are stored (the table by
-            // seq, the partial index), so SQLite steps only as far as the merge asks, and rows
-            // passed over (in flight, owed a delete, undecryptable) cannot use up one run's
-            // share of the read and let the other run's later rows jump ahead.
-            let mut in_order = conn.prepare_cached(&format!(
-                "SELECT {QUEUED_COLUMNS} FROM events {IN_ORDER_FROM}"
-            ))?;
-            let mut indexed = conn.prepare_cached(&format!(
-                "SELECT {QUEUED_COLUMNS} FROM events {INDEXED_ALL}"
-            ))?;
-            let mut a_rows = in_order.query(params![frontier.floor() as i64])?;
-            let mut b_rows = indexed.query([])?;
-            let (mut a, mut b) = (a_rows.next()?, b_rows.next()?);
-            frontier.observed(a.map(|r| r.get::<_, i64>(0)).transpose()?.map(|s| s as u64));
-            // The two runs, each in delivery order, merged; a row's body is opened only once it
-            // is taken.
-            while out.len() < limit {
-                let (row, from_a) = match (a, b) {
-                    (None, None) => break,
-                    (Some(x), None) => (x, true),
-                    (None, Some(y)) => (y, false),
-                    (Some(x), Some(y)) if queued_key(x)? < queued_key(y)? => (x, true),
-                    (Some(_), Some(y)) => (y, false),
-                };
-                match self.queued_row(row, &skipped)? {
-                    None => {}
-                    Some(Ok(event)) => out.push(event),
-                    Some(Err(bad)) => unreadable.push(bad),
-                }
-                if out.len() == limit {
-                    break;
-                }
-                if from_a {
-                    a = a_rows.next()?;
-                } else {
-                    b = b_rows.next()?;
-                }
+            if let Some(rows) = self.take_read_ahead(&conn, limit) {
+                return Ok(rows);
             }
-        }
+            self.try_settle_owed(&mut conn);
+            let mut frontier = lock(&self.frontier);
+            self.read_oldest(&conn, limit, Some(&mut frontier))?
+        };
         if !unreadable.is_empty() {
             self.quarantine_undecryptable(unreadable)?;
         }
         Ok(out)
+    }
+
+    /// The oldest queued events in delivery order, read with the connection held, and the
+    /// rows among them whose body did not open. With `observe`, the read raises the
+    /// frontier's floor to the first in-order row it met; a read ahead leaves it as it is.
+    #[allow(clippy::type_complexity)]
+    pub(super) fn read_oldest(
+        &self,
+        conn: &Connection,
+        limit: usize,
+        observe: Option<&mut Frontier>,
+    ) -> Result<(Vec<QueuedEvent>, Vec<(u64, QuarantinedEvent)>)> {
+        let mut out = Vec::with_capacity(limit);
+        let mut unreadable: Vec<(u64, QuarantinedEvent)> = Vec::new();
+        let skipped = self.skipped();
+        let floor = match observe.as_deref() {
+            Some(frontier) => frontier.floor(),
+            None => lock(&self.frontier).floor(),
+        };
+        // Without a LIMIT: both runs are read in the order they are stored (the table by
+        // seq, the partial index), so SQLite steps only as far as the merge asks, and rows
+        // passed over (in flight, owed a delete, undecryptable) cannot use up one run's
+        // share of the read and let the other run's later rows jump ahead.
+        let mut in_order = conn.prepare_cached(&format!(
+            "SELECT {QUEUED_COLUMNS} FROM events {IN_ORDER_FROM}"
+        ))?;
+        let mut indexed = conn.prepare_cached(&format!(
+            "SELECT {QUEUED_COLUMNS} FROM events {INDEXED_ALL}"
+        ))?;
+        let mut a_rows = in_order.query(params![floor as i64])?;
+        let mut b_rows = indexed.query([])?;
+        let (mut a, mut b) = (a_rows.next()?, b_rows.next()?);
+        if let Some(frontier) = observe {
+            frontier.observed(a.map(|r| r.get::<_, i64>(0)).transpose()?.map(|s| s as u64));
+        }
+        // The two runs, each in delivery order, merged; a row's body is opened only once it
+        // is taken.
+        while out.len() < limit {
+            let (row, from_a) = match (a, b) {
+                (None, None) => break,
+                (Some(x), None) => (x, true),
+                (None, Some(y)) => (y, false),
+                (Some(x), Some(y)) if queued_key(x)? < queued_key(y)? => (x, true),
+                (Some(_), Some(y)) => (y, false),
+            };
+            match self.queued_row(row, &skipped)? {
+                None => {}
+                Some(Ok(event)) => out.push(event),
+                Some(Err(bad)) => unreadable.push(bad),
+            }
+            if out.len() == limit {
+                break;
+            }
+            if from_a {
+                a = a_rows.next()?;
+            } else {
+                b = b_rows.next()?;
+            }
+        }
+        Ok((out, unreadable))
     }
 
     /// One row of [`QUEUED_COLUMNS`]: `None` for a row in flight or whose id does not parse
@@ -158,32 +184,44 @@ impl Store {
         self.leased().extend_from_slice(seqs);
     }
 
+    /// Gives rows of a batch back to the queue: they are read again, before what was read
+    /// ahead of them.
     pub fn release(&self, seqs: &[u64]) {
+        self.settle_in_flight_now(seqs);
+        self.leased().retain(|s| !seqs.contains(s));
+        self.forget_read_ahead();
+    }
+
+    /// Lets go of rows that left the queue (deleted, moved, or owed a delete): they owe no
+    /// send count either.
+    pub(super) fn unlease_gone(&self, seqs: &[u64]) {
+        self.forget_in_flight(seqs);
         self.leased().retain(|s| !seqs.contains(s));
     }
 
     pub fn release_all(&self) {
+        let on_the_wire = lock(&self.in_flight).clone();
+        self.settle_in_flight_now(&on_the_wire);
         self.leased().clear();
+        self.forget_read_ahead();
     }
 
-    /// Applies a send's bookkeeping ([`SendNote`]) to these rows, in one transaction.
+    /// Applies a send's bookkeeping ([`SendNote`]) to these rows, in one transaction. The count
+    /// of a send about to start goes to the record of the rows on the wire (in_flight.rs);
+    /// any other first settles what that record owes these rows.
     pub fn note_sends(&self, seqs: &[u64], note: SendNote) -> Result<()> {
         if seqs.is_empty() {
             return Ok(());
         }
-        let (sends, unanswered) = note.deltas();
+        if note == SendNote::Sending {
+            return self.note_sending(seqs);
+        }
         let mut conn = self.conn();
         let tx = conn.transaction()?;
-        {
-            let mut stmt = tx.prepare_cached(
-                "UPDATE events SET sends = max(sends + ?2, 0), unanswered = max(unanswered + ?3, 0)
-                 WHERE seq = ?1",
-            )?;
-            for seq in seqs {
-                stmt.execute(params![*seq as i64, sends, unanswered])?;
-            }
-        }
+        let kept = self.settle_in_flight(&tx, seqs)?;
+        in_flight::apply(&tx, seqs, note)?;
         tx.commit()?;
+        *lock(&self.in_flight) = kept;
         self.checkpoint_if_needed(&conn);
         Ok(())
     }

@@ -1,0 +1,242 @@
+//! The store's side of a drain at wire speed (decision 0069): the next batch read while the
+//! one before it is on the wire, and the send count recorded for the batch on the wire
+//! instead of written on each of its rows. Each test names what would go wrong without the
+//! guard it checks.
+
+use super::*;
+
+fn event(seq: u64, lane: u8) -> QueuedEvent {
+    let id = Uuid::now_v7();
+    QueuedEvent {
+        ts_ms: 1_764_417_600_000 + seq as i64,
+        seq,
+        id: EventId(id),
+        json: format!(r#"{{"event_id":"{id}","name":"e{seq}"}}"#).into_boxed_str(),
+        accepted_ms: 1_764_417_600_000,
+        sends: 0,
+        unanswered: 0,
+        critical: lane == LANE_CRITICAL,
+    }
+}
+
+fn open(path: &Path) -> Store {
+    Store::open(path, 1 << 30, 0, Keyring::plain())
+        .unwrap()
+        .store
+}
+
+fn seqs(events: &[QueuedEvent]) -> Vec<u64> {
+    events.iter().map(|e| e.seq).collect()
+}
+
+/// A store of `n` rows with the first `batch` of them leased: a batch on the wire.
+fn with_batch_on_the_wire(path: &Path, n: u64, batch: usize) -> (Store, Vec<u64>) {
+    let store = open(path);
+    let rows: Vec<_> = (1..=n).map(|s| event(s, LANE_NORMAL)).collect();
+    store.insert(&rows).unwrap();
+    let first = seqs(&store.oldest(batch).unwrap());
+    store.lease(&first);
+    (store, first)
+}
+
+/// Nothing changed between the read ahead and the next batch: the batch is the read ahead,
+/// not a second read. Shown by a change the store's own connection does not make (another
+/// connection renames a row): the batch still has the name it was read ahead with.
+#[test]
+fn an_unchanged_queue_takes_the_read_ahead() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.db");
+    let (store, _) = with_batch_on_the_wire(&path, 30, 10);
+    store.read_ahead(10);
+    let other = rusqlite::Connection::open(&path).unwrap();
+    other
+        .execute(
+            r#"UPDATE events SET body = replace(body, '"e11"', '"renamed"') WHERE seq = 11"#,
+            [],
+        )
+        .unwrap();
+    let next = store.oldest(10).unwrap();
+    assert_eq!(seqs(&next), (11..=20).collect::<Vec<_>>());
+    assert!(
+        next[0].json.contains(r#""e11""#),
+        "the batch was read again instead of taken from the read ahead: {}",
+        next[0].json
+    );
+}
+
+/// The batch on the wire given back (its answer failed) after the read ahead: it comes first
+/// again, before the rows read ahead of it.
+#[test]
+fn a_batch_given_back_comes_before_the_read_ahead() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, first) = with_batch_on_the_wire(&dir.path().join("s.db"), 30, 10);
+    store.read_ahead(10);
+    store.release(&first);
+    assert_eq!(
+        seqs(&store.oldest(10).unwrap()),
+        first,
+        "the rows read ahead went before the batch given back"
+    );
+}
+
+/// A critical event written after the read ahead goes first (its lane orders before the
+/// normal one), and so does any other row a write adds.
+#[test]
+fn a_row_written_after_the_read_ahead_takes_its_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _) = with_batch_on_the_wire(&dir.path().join("s.db"), 30, 10);
+    store.read_ahead(10);
+    store.insert(&[event(31, LANE_CRITICAL)]).unwrap();
+    let next = seqs(&store.oldest(10).unwrap());
+    assert_eq!(
+        next[0], 31,
+        "the critical event waited behind the read ahead: {next:?}"
+    );
+}
+
+/// Rows leased or owed a delete since the read ahead are not sent twice.
+#[test]
+fn rows_taken_since_the_read_ahead_are_not_in_the_next_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, first) = with_batch_on_the_wire(&dir.path().join("s.db"), 30, 10);
+    store.read_ahead(10);
+    store.lease(&[11, 12]);
+    let next = seqs(&store.oldest(10).unwrap());
+    assert!(
+        !next.contains(&11) && next.len() == 10,
+        "a leased row was in the batch: {next:?}"
+    );
+    store.release(&[11, 12]);
+    store.read_ahead(10);
+    store.delete_later(&first).unwrap();
+    assert_eq!(
+        seqs(&store.oldest(10).unwrap()),
+        (11..=20).collect::<Vec<_>>()
+    );
+}
+
+/// The fleet's report writes touch no queued row: the read ahead survives them.
+#[test]
+fn a_report_written_meanwhile_keeps_the_read_ahead() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.db");
+    let (store, _) = with_batch_on_the_wire(&path, 30, 10);
+    store.read_ahead(10);
+    store.report_add(1, r#"{"report_id":1}"#).unwrap();
+    store.reports_delete(&[1]).unwrap();
+    let other = rusqlite::Connection::open(&path).unwrap();
+    other
+        .execute(
+            r#"UPDATE events SET body = replace(body, '"e11"', '"x"') WHERE seq = 11"#,
+            [],
+        )
+        .unwrap();
+    assert!(store.oldest(10).unwrap()[0].json.contains(r#""e11""#));
+}
+
+fn counts(path: &Path, seq: u64) -> (u32, u32) {
+    rusqlite::Connection::open(path)
+        .unwrap()
+        .query_row(
+            "SELECT sends, unanswered FROM events WHERE seq = ?1",
+            [seq as i64],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap()
+}
+
+/// An app killed while its request is on the wire counts that send (decision 0043): the
+/// record written before the request is applied to the rows at the next open.
+#[test]
+fn a_send_cut_short_by_a_crash_is_counted_at_the_next_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.db");
+    let (store, first) = with_batch_on_the_wire(&path, 30, 10);
+    store.note_sends(&first, SendNote::Sending).unwrap();
+    assert_eq!(
+        counts(&path, first[0]),
+        (0, 0),
+        "the count is on the record, not yet on the rows"
+    );
+    // A crash: no clean close, the handle just goes.
+    drop(store);
+    let store = open(&path);
+    for seq in &first {
+        assert_eq!(counts(&path, *seq), (1, 1), "row {seq}");
+    }
+    assert_eq!(counts(&path, 11), (0, 0), "a row that was not on the wire");
+    let read = store.oldest(10).unwrap();
+    assert!(read.iter().all(|e| (e.sends, e.unanswered) == (1, 1)));
+}
+
+/// A timeout (no answer, nothing noted) and a resend of the same rows: both sends count.
+/// An answer then takes back the last one's `unanswered`, as before the record.
+#[test]
+fn a_resend_after_a_timeout_counts_both_sends() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.db");
+    let (store, first) = with_batch_on_the_wire(&path, 30, 10);
+    store.note_sends(&first, SendNote::Sending).unwrap();
+    store.note_sends(&first, SendNote::Sending).unwrap();
+    store.note_sends(&first, SendNote::Answered).unwrap();
+    assert_eq!(counts(&path, first[0]), (2, 1));
+    drop(store);
+    let _store = open(&path);
+    assert_eq!(
+        counts(&path, first[0]),
+        (2, 1),
+        "nothing left to apply at open"
+    );
+}
+
+/// A batch given back unanswered (the app went offline) is read again with its send counted.
+#[test]
+fn a_batch_given_back_is_read_with_its_send() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.db");
+    let (store, first) = with_batch_on_the_wire(&path, 30, 10);
+    store.note_sends(&first, SendNote::Sending).unwrap();
+    store.release(&first);
+    let read = store.oldest(10).unwrap();
+    assert_eq!(seqs(&read), first);
+    assert!(
+        read.iter().all(|e| (e.sends, e.unanswered) == (1, 1)),
+        "read without the send it was given back after: {:?}",
+        read.iter()
+            .map(|e| (e.sends, e.unanswered))
+            .collect::<Vec<_>>()
+    );
+}
+
+/// Delivered rows leave with the next batch's first commit, and never get the count of the
+/// send that delivered them: a reopen after that commit finds neither them nor a record to
+/// apply to rows that took their seqs.
+#[test]
+fn delivered_rows_leave_without_their_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.db");
+    let (store, first) = with_batch_on_the_wire(&path, 30, 10);
+    store.note_sends(&first, SendNote::Sending).unwrap();
+    store.delete_later(&first).unwrap();
+    assert_eq!(store.len(), 20, "delivered rows are no longer counted");
+    let second = seqs(&store.oldest(10).unwrap());
+    assert_eq!(second, (11..=20).collect::<Vec<_>>());
+    store.lease(&second);
+    store.note_sends(&second, SendNote::Sending).unwrap();
+    store.settle();
+    let left: i64 = rusqlite::Connection::open(&path)
+        .unwrap()
+        .query_row("SELECT count(*) FROM events WHERE seq <= 10", [], |r| {
+            r.get(0)
+        })
+        .unwrap();
+    assert_eq!(left, 0, "the delivered rows are deleted");
+    drop(store);
+    let _store = open(&path);
+    assert_eq!(
+        counts(&path, 11),
+        (1, 1),
+        "the batch on the wire at the crash"
+    );
+    assert_eq!(counts(&path, 21), (0, 0));
+}

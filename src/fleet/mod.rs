@@ -122,6 +122,9 @@ struct Inner {
     sample_rng: Option<fastrand::Rng>,
     applied_count: u64,
     ignored_count: u64,
+    /// A report was cut while the last request was on the wire ([`Fleet::cut_ahead`]): the
+    /// next request carries it instead of cutting one more.
+    cut_ahead: bool,
 }
 
 impl Fleet {
@@ -233,18 +236,44 @@ impl Fleet {
         (g.applied_count, g.ignored_count)
     }
 
+    /// Before a request leaves: cuts a report ([`Fleet::cut`]) unless one was cut while the
+    /// request before it was on the wire, so draining a backlog does not make a report's
+    /// commit wait between every answer and the next request.
+    pub fn cut_before_request(&self, queue: &Queue, stats: impl FnOnce() -> Stats) {
+        if std::mem::take(&mut lock(&self.inner).cut_ahead) {
+            return;
+        }
+        self.cut(queue, &stats());
+    }
+
+    /// While a request is on the wire: cuts a report (when the ledger changed) for the next
+    /// request to carry, kept in the store before that request leaves like any other. That
+    /// request cuts none of its own: what changes until it leaves (the answer to this one)
+    /// goes in the report cut while it is on the wire.
+    pub fn cut_ahead(&self, queue: &Queue, stats: &Stats) {
+        self.cut(queue, stats);
+        lock(&self.inner).cut_ahead = true;
+    }
+
+    /// No request follows at once (the worker waits): the next one cuts its own report, with
+    /// everything up to when it leaves.
+    pub fn forget_cut_ahead(&self) {
+        lock(&self.inner).cut_ahead = false;
+    }
+
     /// Cuts a report of what changed since the last one (nothing when nothing changed) and
-    /// keeps it in the store. `stats` is a full [`Stats`] (queue sizes filled in).
-    pub fn cut(&self, queue: &Queue, stats: &Stats) {
+    /// keeps it in the store; whether it did. `stats` is a full [`Stats`] (queue sizes filled
+    /// in).
+    pub fn cut(&self, queue: &Queue, stats: &Stats) -> bool {
         let Some(install_id) = self.install_id() else {
             // Denied: nothing is sent, and nothing under an id a denial deleted is kept.
-            return;
+            return false;
         };
         let mut g = lock(&self.inner);
         let now = Tally::of(stats, &g.quarantined, g.quarantine_purged);
         let delta = now.since(&g.baseline);
         if delta.is_empty() || g.waiting.len() >= MAX_WAITING_REPORTS {
-            return;
+            return false;
         }
         let id = g.next_report;
         let quarantine_size = stats.quarantine.values().sum();
@@ -254,11 +283,12 @@ impl Fleet {
         if let Err(e) = queue.report_add(id, &body) {
             // Not cut: the counts stay in the delta and go in the next report.
             tracing::warn!(error = %e, "could not keep a client report");
-            return;
+            return false;
         }
         g.next_report = id + 1;
         g.waiting.push((id, body));
         g.baseline = now;
+        true
     }
 
     /// The reports the next request carries, the oldest that fit in `room` bytes of body:

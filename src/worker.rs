@@ -103,6 +103,12 @@ impl Worker {
                     None
                 }
                 Action::Wait { until_ms } => {
+                    if until_ms.is_none_or(|t| t > self.s.clock.now_ms()) {
+                        // No delivered row stays on disk while the worker sleeps, and the
+                        // next request reports everything up to when it leaves.
+                        self.s.queue.settle();
+                        self.s.fleet.forget_cut_ahead();
+                    }
                     self.wait(until_ms).await;
                     None
                 }
@@ -287,7 +293,7 @@ impl Worker {
         }
         self.note_sends(self.machine.in_flight(), SendNote::Sending);
         // What the ledger says since the last report rides with this request (src/fleet).
-        s.fleet.cut(&s.queue, &s.full_stats());
+        s.fleet.cut_before_request(&s.queue, || s.full_stats());
         let (report_ids, reports) = s.fleet.for_request(self.report_room);
         let events = self.machine.in_flight();
         let body = wire::batch_body(
@@ -309,6 +315,9 @@ impl Worker {
             }
             Start::Answered(result) => result,
             Start::Started(send) => {
+                // Lets the transport's connection task write the request first.
+                tokio::task::yield_now().await;
+                self.while_on_the_wire();
                 let send = tokio::time::timeout(timeout + Duration::from_millis(250), send);
                 tokio::select! {
                     result = send => result.unwrap_or(Err(TransportError::Timeout)),
@@ -375,10 +384,25 @@ impl Worker {
         }
     }
 
-    /// Delivered events leave the queue.
+    /// The store's work between two requests, done while the second is on the wire (decision
+    /// 0069), so that draining a backlog does not wait for it between an answer and the next
+    /// request: the rows the last answer delivered deleted, the next batch's rows read ahead
+    /// (store/read_ahead.rs) and its report cut (src/fleet). The transport has handed the
+    /// request to its HTTP stack by now, so the collector works on it meanwhile.
+    fn while_on_the_wire(&self) {
+        let s = &self.s;
+        s.queue.settle();
+        let from_store = self.machine.in_flight().iter().filter(|(_, d)| *d).count();
+        s.queue
+            .read_ahead(s.config.max_batch_events as usize, from_store);
+        s.fleet.cut_ahead(&s.queue, &s.full_stats());
+    }
+
+    /// Delivered events leave the queue; their rows are deleted while the next request is on
+    /// the wire ([`Worker::while_on_the_wire`]).
     fn delivered(&self, events: &[(QueuedEvent, bool)]) {
         let n = events.len() as u64;
-        if let Err(e) = self.s.queue.ack(events) {
+        if let Err(e) = self.s.queue.delivered(events) {
             tracing::error!(error = %e, "could not delete delivered events; they may be sent again");
         }
         self.s.counters.left(Exit::Delivered, n);

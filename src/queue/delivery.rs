@@ -121,8 +121,9 @@ impl Queue {
         }
     }
 
-    /// Commits the deletes [`Queue::delivered`] left for a later write: before the worker
-    /// waits, so an idle spool holds no delivered rows on disk.
+    /// Commits the deletes [`Queue::delivered`] left for later: the worker calls it while the
+    /// next request is on the wire and before it waits, so an idle spool keeps no delivered
+    /// row on disk.
     pub fn settle(&self) {
         if let Some(store) = &self.store {
             store.settle();

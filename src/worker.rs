@@ -392,9 +392,7 @@ impl Worker {
     fn while_on_the_wire(&self) {
         let s = &self.s;
         s.queue.settle();
-        let from_store = self.machine.in_flight().iter().filter(|(_, d)| *d).count();
-        s.queue
-            .read_ahead(s.config.max_batch_events as usize, from_store);
+        s.queue.read_ahead(s.config.max_batch_events as usize);
         s.fleet.cut_ahead(&s.queue, &s.full_stats());
     }
 

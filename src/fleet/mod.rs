@@ -262,18 +262,17 @@ impl Fleet {
     }
 
     /// Cuts a report of what changed since the last one (nothing when nothing changed) and
-    /// keeps it in the store; whether it did. `stats` is a full [`Stats`] (queue sizes filled
-    /// in).
-    pub fn cut(&self, queue: &Queue, stats: &Stats) -> bool {
+    /// keeps it in the store. `stats` is a full [`Stats`] (queue sizes filled in).
+    pub fn cut(&self, queue: &Queue, stats: &Stats) {
         let Some(install_id) = self.install_id() else {
             // Denied: nothing is sent, and nothing under an id a denial deleted is kept.
-            return false;
+            return;
         };
         let mut g = lock(&self.inner);
         let now = Tally::of(stats, &g.quarantined, g.quarantine_purged);
         let delta = now.since(&g.baseline);
         if delta.is_empty() || g.waiting.len() >= MAX_WAITING_REPORTS {
-            return false;
+            return;
         }
         let id = g.next_report;
         let quarantine_size = stats.quarantine.values().sum();
@@ -283,12 +282,11 @@ impl Fleet {
         if let Err(e) = queue.report_add(id, &body) {
             // Not cut: the counts stay in the delta and go in the next report.
             tracing::warn!(error = %e, "could not keep a client report");
-            return false;
+            return;
         }
         g.next_report = id + 1;
         g.waiting.push((id, body));
         g.baseline = now;
-        true
     }
 
     /// The reports the next request carries, the oldest that fit in `room` bytes of body:

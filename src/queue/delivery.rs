@@ -95,15 +95,7 @@ impl Queue {
     /// Takes events out of the queue after the collector answered for them (delivered or
     /// quarantined): from the store, and from the in-flight set in memory.
     pub fn ack(&self, events: &[(QueuedEvent, bool)]) -> Result<()> {
-        let _guard = self.spill_lock.lock();
-        let (memory, mut on_disk) = seqs_by_origin(events);
-        on_disk.extend(self.memory().acknowledge(&memory));
-        if let Some(store) = &self.store
-            && !on_disk.is_empty()
-        {
-            store.delete(&on_disk)?;
-        }
-        Ok(())
+        self.take_out(events, false)
     }
 
     /// Takes a delivered batch's events out of the queue like [`Queue::ack`], but its rows in
@@ -112,12 +104,21 @@ impl Queue {
     ///
     /// [`Store::delete_later`]: super::store::Store::delete_later
     pub fn delivered(&self, events: &[(QueuedEvent, bool)]) -> Result<()> {
+        self.take_out(events, true)
+    }
+
+    /// [`Queue::ack`] and [`Queue::delivered`]: out of memory's in-flight set now, out of the
+    /// store now or, with `later`, by a later commit.
+    fn take_out(&self, events: &[(QueuedEvent, bool)], later: bool) -> Result<()> {
         let _guard = self.spill_lock.lock();
         let (memory, mut on_disk) = seqs_by_origin(events);
         on_disk.extend(self.memory().acknowledge(&memory));
         match &self.store {
-            Some(store) => store.delete_later(&on_disk),
-            None => Ok(()),
+            Some(store) if !on_disk.is_empty() => match later {
+                true => store.delete_later(&on_disk),
+                false => store.delete(&on_disk).map(drop),
+            },
+            _ => Ok(()),
         }
     }
 
@@ -131,12 +132,9 @@ impl Queue {
     }
 
     /// Reads the store's next `limit` rows while a batch is on the wire, for the next
-    /// [`Queue::next_batch`] to take if nothing changes before it (store/read_ahead.rs). Only
-    /// when the store holds rows besides the batch in flight.
-    pub fn read_ahead(&self, limit: usize, in_flight_from_store: usize) {
-        if let Some(store) = &self.store
-            && store.len() > in_flight_from_store as u64
-        {
+    /// [`Queue::next_batch`] to take if nothing changes before it (store/read_ahead.rs).
+    pub fn read_ahead(&self, limit: usize) {
+        if let Some(store) = &self.store {
             store.read_ahead(limit);
         }
     }

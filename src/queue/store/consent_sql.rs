@@ -74,7 +74,6 @@ impl Store {
                 while rows.next()?.is_some() {}
             }
             tx.commit()?;
-            self.forget_read_ahead();
             if with_leased {
                 self.leased().clear();
             }

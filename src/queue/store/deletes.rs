@@ -80,18 +80,18 @@ impl Store {
         if seqs.is_empty() {
             return Ok(());
         }
-        {
-            let mut owed = lock(&self.owed);
-            owed.extend(seqs.iter().map(|&seq| Owed {
-                seq,
-                counted_as: None,
-            }));
-            self.faults.note_owed(owed.len() as u64);
-        }
+        self.owe(&seqs, None);
         // Owed before unleased, so a read ahead never sees them as neither.
         self.leased().retain(|s| !seqs.contains(s));
         self.forget_rows(seqs.len() as u64);
         Ok(())
+    }
+
+    /// Hides these rows until a commit deletes them ([`Store::owed`]), bumping `counted_as`.
+    fn owe(&self, seqs: &[u64], counted_as: Option<&'static str>) {
+        let mut owed = lock(&self.owed);
+        owed.extend(seqs.iter().map(|&seq| Owed { seq, counted_as }));
+        self.faults.note_owed(owed.len() as u64);
     }
 
     /// Commits the deletes the store owes, when it owes any.
@@ -141,9 +141,7 @@ impl Store {
             Err(e) => {
                 let present = rows_present(&conn, seqs).unwrap_or(seqs.to_vec());
                 tracing::warn!(error = %e, rows = present.len(), "deleting rows failed; they are hidden and deleted by the next write");
-                let mut owed = lock(&self.owed);
-                owed.extend(present.iter().map(|&seq| Owed { seq, counted_as }));
-                self.faults.note_owed(owed.len() as u64);
+                self.owe(&present, counted_as);
                 present.len() as u64
             }
         };

@@ -94,7 +94,7 @@ pub(super) fn settle_at_open(conn: &mut Connection) -> Vec<u64> {
         let seqs = parse(&text);
         let tx = conn.transaction()?;
         apply(&tx, &seqs, SendNote::Sending)?;
-        tx.execute("DELETE FROM meta WHERE name = ?1", [IN_FLIGHT])?;
+        record(&tx, &[])?;
         tx.commit()?;
         Ok(Vec::new())
     })();
@@ -125,7 +125,7 @@ pub(super) fn apply(tx: &Transaction<'_>, seqs: &[u64], note: SendNote) -> rusql
 }
 
 /// Replaces the record with these seqs (none: no record).
-fn record(tx: &Transaction<'_>, seqs: &[u64]) -> Result<()> {
+fn record(tx: &Transaction<'_>, seqs: &[u64]) -> rusqlite::Result<()> {
     if seqs.is_empty() {
         tx.execute("DELETE FROM meta WHERE name = ?1", [IN_FLIGHT])?;
         return Ok(());
@@ -135,8 +135,7 @@ fn record(tx: &Transaction<'_>, seqs: &[u64]) -> Result<()> {
         .map(u64::to_string)
         .collect::<Vec<_>>()
         .join(",");
-    write_meta(tx, IN_FLIGHT, &text)?;
-    Ok(())
+    write_meta(tx, IN_FLIGHT, &text)
 }
 
 fn parse(text: &str) -> Vec<u64> {

@@ -25,8 +25,12 @@ impl Store {
     /// Reads the oldest `limit` queued rows (passing over the leased and the owed, like
     /// [`Store::oldest`]) and keeps them for the next [`Store::oldest`]. A pure read: it
     /// moves no frontier and quarantines nothing; a row that does not open ends it without
-    /// keeping anything, for the next batch's own read to deal with.
+    /// keeping anything, for the next batch's own read to deal with. Nothing to read when the
+    /// store holds only the batch in flight.
     pub fn read_ahead(&self, limit: usize) {
+        if self.len() <= self.leased().len() as u64 {
+            return;
+        }
         // Not `conn()`: a read does not grow the database, so the inserts' page bound holds.
         let conn = lock(&self.conn);
         // Before the read learns what is leased: a batch given back from here on forgets it.

@@ -418,6 +418,12 @@ impl Worker {
         status: Option<u16>,
         attempts: u32,
     ) {
+        // A denial that came while they were on the wire deleted every dead letter: these go
+        // the same way.
+        let events = self.s.queue.drop_spared(events);
+        if events.is_empty() {
+            return;
+        }
         let now = self.s.clock.wall_ms();
         let entries = events
             .iter()

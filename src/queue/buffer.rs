@@ -335,6 +335,11 @@ impl MemoryBuffer {
     /// Forgets the in-flight events memory holds alone (a denial deleting the batch the worker
     /// holds while it is not on the wire); a later release of them finds nothing. Returns how
     /// many.
+    /// The seqs of the events in flight.
+    pub fn in_flight_seqs(&self) -> impl Iterator<Item = u64> + '_ {
+        self.in_flight.keys().copied()
+    }
+
     pub fn forget_in_flight(&mut self) -> u64 {
         let before = self.in_flight.len();
         self.in_flight.retain(|_, (_, persisted)| *persisted);

@@ -36,6 +36,20 @@ impl Queue {
     /// reader holding the WAL is waited for (zero: one try).
     pub fn discard_for_consent(&self, wait: std::time::Duration, with_held: bool) -> Result<u64> {
         let _guard = self.spill_lock.lock();
+        {
+            // The batch spared now is deleted if it comes back unanswered, even under a grant
+            // that follows before its answer (the worker sees only the latest consent).
+            let mut spared = lock(&self.spared_by_denial);
+            spared.clear();
+            if !with_held {
+                spared.extend(self.memory().in_flight_seqs());
+                if let Some(store) = &self.store {
+                    spared.extend(store.leased_seqs());
+                }
+                spared.sort_unstable();
+                spared.dedup();
+            }
+        }
         let mut n = self.memory().clear();
         if with_held {
             n += self.memory().forget_in_flight();
@@ -64,6 +78,74 @@ impl Queue {
             Some(e) => Err(e),
             None => Ok(n),
         }
+    }
+
+    /// Events leave the queue (delivered, quarantined): a denial has nothing left to delete of
+    /// them.
+    pub(super) fn forget_spared(&self, seqs: impl IntoIterator<Item = u64>) {
+        let mut spared = lock(&self.spared_by_denial);
+        if !spared.is_empty() {
+            for seq in seqs {
+                spared.retain(|s| *s != seq);
+            }
+        }
+    }
+
+    /// Of events the collector rejected for good, deletes those a denial spared while they
+    /// were on the wire (the denial deleted every dead letter; these are no different) and
+    /// returns the others, for the quarantine.
+    pub fn drop_spared(
+        &self,
+        events: Vec<(crate::event::QueuedEvent, bool)>,
+    ) -> Vec<(crate::event::QueuedEvent, bool)> {
+        if lock(&self.spared_by_denial).is_empty() {
+            return events;
+        }
+        let _guard = self.spill_lock.lock();
+        self.discard_spared(&events)
+    }
+
+    /// Of events coming back unanswered, takes out those a denial spared while they were on
+    /// the wire and deletes them as the denial would have (counted `consent_denied`); returns
+    /// the others, to go back to the queue. Called with the spill lock held.
+    pub(super) fn discard_spared(
+        &self,
+        events: &[(crate::event::QueuedEvent, bool)],
+    ) -> Vec<(crate::event::QueuedEvent, bool)> {
+        let denied: Vec<u64> = {
+            let mut spared = lock(&self.spared_by_denial);
+            if spared.is_empty() {
+                return events.to_vec();
+            }
+            let denied = events
+                .iter()
+                .map(|(e, _)| e.seq)
+                .filter(|seq| spared.contains(seq))
+                .collect::<Vec<_>>();
+            spared.retain(|s| !denied.contains(s));
+            denied
+        };
+        if denied.is_empty() {
+            return events.to_vec();
+        }
+        // Out of memory's hands first: whatever the store does, none of them is sent again.
+        self.memory().acknowledge(&denied);
+        self.counters
+            .drop(DropReason::ConsentDenied, denied.len() as u64);
+        if let Some(store) = &self.store
+            && let Err(e) = store.discard_spared(&denied, WAL_TRUNCATE_BOUND)
+        {
+            tracing::error!(error = %e, "could not delete the batch a denial spared; its rows stay hidden until the next write deletes them");
+        }
+        tracing::info!(
+            events = denied.len(),
+            "consent denied: the batch that was on the wire came back unanswered and is deleted"
+        );
+        events
+            .iter()
+            .filter(|(e, _)| !denied.contains(&e.seq))
+            .cloned()
+            .collect()
     }
 
     /// Consent as the store recorded it, if it has a store and a record.

@@ -111,6 +111,7 @@ impl Queue {
     /// store now or, with `later`, by a later commit.
     fn take_out(&self, events: &[(QueuedEvent, bool)], later: bool) -> Result<()> {
         let _guard = self.spill_lock.lock();
+        self.forget_spared(events.iter().map(|(e, _)| e.seq));
         let (memory, mut on_disk) = seqs_by_origin(events);
         on_disk.extend(self.memory().acknowledge(&memory));
         match &self.store {
@@ -142,7 +143,8 @@ impl Queue {
     /// Gives events of an unanswered batch back to the queue, each to where it came from.
     pub fn release(&self, events: &[(QueuedEvent, bool)]) {
         let _guard = self.spill_lock.lock();
-        let (memory, on_disk) = seqs_by_origin(events);
+        let events = self.discard_spared(events);
+        let (memory, on_disk) = seqs_by_origin(&events);
         self.memory().release(&memory);
         if let Some(store) = &self.store {
             store.release(&on_disk);
@@ -176,6 +178,7 @@ impl Queue {
     /// (again); counts them `expired`.
     pub fn drop_expired(&self, events: &[(QueuedEvent, bool)]) -> Result<()> {
         let _guard = self.spill_lock.lock();
+        self.forget_spared(events.iter().map(|(e, _)| e.seq));
         let (memory, mut on_disk) = seqs_by_origin(events);
         on_disk.extend(self.memory().acknowledge(&memory));
         self.counters.drop(DropReason::Expired, events.len() as u64);

@@ -220,6 +220,9 @@ pub struct Queue {
     group_ends: std::sync::atomic::AtomicU64,
     /// Refused spills in a row ([`Queue::spill_retry_delay`]).
     spill_refusals: AtomicU32,
+    /// The batch a consent denial spared because it was on the wire, by seq: deleted if it
+    /// comes back unanswered, whatever consent says by then (consent.rs).
+    spared_by_denial: Mutex<Vec<u64>>,
 }
 
 /// What the hot path's one lock guards.
@@ -348,6 +351,7 @@ impl Queue {
             group_cv: Condvar::new(),
             group_ends: std::sync::atomic::AtomicU64::new(0),
             spill_refusals: AtomicU32::new(0),
+            spared_by_denial: Mutex::new(Vec::new()),
         }
     }
 

@@ -366,3 +366,134 @@ fn a_deletion_the_worker_owes_a_denial_does_not_run_after_a_new_grant() {
     );
     spool.shutdown(WAIT).unwrap();
 }
+
+/// A transport that keeps every request on the wire until the test answers it, and records the
+/// event ids each request carried.
+#[derive(Default)]
+struct Held {
+    answers: std::sync::Mutex<Vec<tokio::sync::oneshot::Sender<(u16, String)>>>,
+    sent: std::sync::Mutex<Vec<Vec<String>>>,
+}
+
+impl eventspool::Transport for Held {
+    fn send(
+        &self,
+        request: eventspool::HttpRequest,
+    ) -> futures_util::future::BoxFuture<
+        'static,
+        Result<eventspool::HttpResponse, eventspool::TransportError>,
+    > {
+        let body: serde_json::Value = serde_json::from_slice(&request.body).unwrap();
+        let ids = body["batch"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["event_id"].as_str().unwrap().to_string())
+            .collect();
+        self.sent.lock().unwrap().push(ids);
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        self.answers.lock().unwrap().push(answer);
+        Box::pin(async move {
+            let (status, body) = answered.await.unwrap_or((503, String::new()));
+            Ok(eventspool::HttpResponse {
+                status,
+                body: body.into_bytes(),
+                ..Default::default()
+            })
+        })
+    }
+}
+
+/// README §Consent: a batch on the wire when consent is denied may finish, and if it comes back
+/// unanswered its events are deleted too. Before, a grant that followed the denial before the
+/// answer came hid the denial from the worker (it saw only the latest consent), so the failed
+/// batch was kept for its retry and sent again under the new grant: events the user's "no"
+/// covered went out after it.
+#[test]
+fn a_batch_on_the_wire_at_a_denial_is_not_resent_after_a_quick_grant() {
+    not_resent_after_a_quick_grant(503, false);
+}
+
+/// The same with the batch's rows in the store (they must leave no byte in the file) and a 413
+/// (the batch would come back to be sent again in halves).
+#[test]
+fn a_stored_batch_on_the_wire_at_a_denial_is_not_split_and_resent_after_a_quick_grant() {
+    not_resent_after_a_quick_grant(413, true);
+}
+
+/// The same with every event rejected for good in a 2xx: they would be kept as dead letters,
+/// which the denial deleted too.
+#[test]
+fn a_stored_batch_on_the_wire_at_a_denial_is_not_quarantined_after_a_quick_grant() {
+    not_resent_after_a_quick_grant(0, true);
+}
+
+/// `status` 0: a 200 rejecting every event of the batch.
+fn not_resent_after_a_quick_grant(status: u16, stored: bool) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = eventspool::Config::new("https://collector.invalid/v1/batch");
+    c.db_path = Some(dir.path().join("events.db"));
+    c.compression = eventspool::Compression::None;
+    c.min_batch_interval_ms = 0;
+    let transport = Arc::new(Held::default());
+    let (spool, mut stepper) = EventSpool::builder(c)
+        .clock(instant_clock())
+        .transport(transport.clone())
+        .open_stepped()
+        .unwrap();
+    for i in 0..10 {
+        spool
+            .track("private", json!({ "secret": format!("{MARK}-{i:04}") }))
+            .unwrap();
+    }
+    if stored {
+        assert_eq!(spool.persist().unwrap(), 10);
+    }
+    spool.flush();
+    for _ in 0..100 {
+        if !stepper.poll_worker() {
+            break;
+        }
+    }
+    let on_wire = transport.sent.lock().unwrap().clone();
+    assert_eq!(on_wire.len(), 1, "one request on the wire: {on_wire:?}");
+    assert_eq!(on_wire[0].len(), 10);
+    spool.set_consent(Consent::Denied).unwrap();
+    spool.set_consent(Consent::Granted).unwrap();
+    let answer = transport.answers.lock().unwrap().remove(0);
+    let answer_body = match status {
+        0 => json!({"rejected": on_wire[0].iter()
+            .map(|id| json!({"event_id": id, "reason": "schema"}))
+            .collect::<Vec<_>>()})
+        .to_string(),
+        _ => String::new(),
+    };
+    answer.send((status.max(200), answer_body)).unwrap();
+    for _ in 0..200 {
+        if !stepper.poll_worker() {
+            break;
+        }
+        // Any later request is answered at once, so the worker never stops on one.
+        for answer in transport.answers.lock().unwrap().drain(..) {
+            let _ = answer.send((200, String::new()));
+        }
+    }
+    let sent = transport.sent.lock().unwrap().clone();
+    let resent: Vec<&String> = sent[1..]
+        .iter()
+        .flatten()
+        .filter(|id| on_wire[0].contains(id))
+        .collect();
+    assert!(
+        resent.is_empty(),
+        "sent again after the denial: {} of 10 in {} later requests",
+        resent.len(),
+        sent.len() - 1
+    );
+    let stats = spool.stats();
+    assert_eq!(stats.pending, 0, "{stats:?}");
+    assert_eq!(stats.dropped(DropReason::ConsentDenied), 10, "{stats:?}");
+    assert_eq!(stats.quarantined, 0, "{stats:?}");
+    let hits = files_contain(dir.path(), MARK.as_bytes());
+    assert!(hits.is_empty(), "the denied values are in {hits:?}");
+}

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use rusqlite::Connection;
 
-use super::{Store, bump, counter, delete_unleased, meta, read_meta, wal_path};
+use super::{Store, bump, counter, delete_unleased, meta, read_meta, rows_present, wal_path};
 use crate::error::{Error, Result};
 
 /// How long `set_consent(Denied)` waits for readers to let go of the WAL before it says the
@@ -24,6 +24,16 @@ pub const WAL_TRUNCATE_BOUND: Duration = Duration::from_millis(1500);
 /// The busy timeout of each truncation try: short, so the bound above holds (the store's own
 /// busy timeout is seconds).
 const TRUNCATE_TRY: Duration = Duration::from_millis(100);
+
+/// Which rows a wipe deletes.
+#[derive(Clone, Copy)]
+enum Wipe<'a> {
+    /// A denial: every queued row but these (the batch on the wire), every dead letter, the
+    /// waiting client reports and the install id.
+    AllBut(&'a [u64]),
+    /// Only these queued rows.
+    Only(&'a [u64]),
+}
 
 /// What a denial's deletion did.
 #[derive(Debug)]
@@ -55,16 +65,56 @@ impl Store {
             true => Vec::new(),
             false => self.leased().clone(),
         };
-        let mut conn = self.conn();
         self.forget_quarantine_counts();
+        let done = self.wipe(wait, Wipe::AllBut(&leased))?;
+        if with_leased {
+            self.leased().clear();
+        }
+        Ok(done)
+    }
+
+    /// The rows of a batch a denial spared because it was on the wire, come back unanswered:
+    /// deleted as the denial would have deleted them (nothing of them left in the file), and
+    /// counted `consent_denied`. Nothing else is touched: what was kept since a later grant
+    /// stays.
+    pub fn discard_spared(&self, seqs: &[u64], wait: Duration) -> Result<Discarded> {
+        let done = self.wipe(wait, Wipe::Only(seqs));
+        if done.is_err() {
+            // Never read nor sent again: owed, deleted (and counted) by the next write that
+            // commits, as a failed delete of delivered rows is.
+            let present = rows_present(&self.conn(), seqs).unwrap_or_else(|_| seqs.to_vec());
+            self.owe(&present, Some(counter::CONSENT_DENIED));
+            self.leased().retain(|s| !seqs.contains(s));
+            self.forget_rows(present.len() as u64);
+        }
+        done
+    }
+
+    /// Deletes what `rows` names in one transaction that leaves none of its bytes in the file,
+    /// then empties the WAL (see the module docs).
+    fn wipe(&self, wait: Duration, rows: Wipe<'_>) -> Result<Discarded> {
+        let mut conn = self.conn();
         conn.pragma_update(None, "secure_delete", true)?;
         let result = (|| -> Result<(u64, u64)> {
             let tx = conn.transaction()?;
             let settled = self.settle_owed(&tx)?;
-            let queued = delete_unleased(&tx, &leased)?;
-            let dead = tx.execute("DELETE FROM quarantine", [])? as u64;
-            tx.execute("DELETE FROM reports", [])?;
-            tx.execute("DELETE FROM meta WHERE name = ?1", [meta::INSTALL_ID])?;
+            let (queued, dead) = match rows {
+                Wipe::AllBut(leased) => {
+                    let queued = delete_unleased(&tx, leased)?;
+                    let dead = tx.execute("DELETE FROM quarantine", [])? as u64;
+                    tx.execute("DELETE FROM reports", [])?;
+                    tx.execute("DELETE FROM meta WHERE name = ?1", [meta::INSTALL_ID])?;
+                    (queued, dead)
+                }
+                Wipe::Only(seqs) => {
+                    let mut stmt = tx.prepare_cached("DELETE FROM events WHERE seq = ?1")?;
+                    let mut queued = 0;
+                    for seq in seqs {
+                        queued += stmt.execute([*seq as i64])? as u64;
+                    }
+                    (queued, 0)
+                }
+            };
             if queued > 0 {
                 bump(&tx, counter::CONSENT_DENIED, queued)?;
             }
@@ -74,8 +124,8 @@ impl Store {
                 while rows.next()?.is_some() {}
             }
             tx.commit()?;
-            if with_leased {
-                self.leased().clear();
+            if let Wipe::Only(seqs) = rows {
+                self.leased().retain(|s| !seqs.contains(s));
             }
             self.owed_settled(&settled);
             Ok((queued, dead))

@@ -88,7 +88,7 @@ impl Store {
     }
 
     /// Hides these rows until a commit deletes them ([`Store::owed`]), bumping `counted_as`.
-    fn owe(&self, seqs: &[u64], counted_as: Option<&'static str>) {
+    pub(super) fn owe(&self, seqs: &[u64], counted_as: Option<&'static str>) {
         let mut owed = lock(&self.owed);
         owed.extend(seqs.iter().map(|&seq| Owed { seq, counted_as }));
         self.faults.note_owed(owed.len() as u64);
@@ -237,7 +237,7 @@ impl Store {
 const EXPIRE_MAX: usize = 10_000;
 
 /// Which of `seqs` have a row (a read: it works on a full disk).
-fn rows_present(conn: &Connection, seqs: &[u64]) -> rusqlite::Result<Vec<u64>> {
+pub(super) fn rows_present(conn: &Connection, seqs: &[u64]) -> rusqlite::Result<Vec<u64>> {
     let mut stmt = conn.prepare_cached("SELECT 1 FROM events WHERE seq = ?1")?;
     let mut present = Vec::new();
     for &seq in seqs {

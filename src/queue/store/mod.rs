@@ -47,7 +47,7 @@ use crate::quarantine::{QuarantinedEvent, reason};
 use crate::sync::lock;
 
 pub use consent_sql::WAL_TRUNCATE_BOUND;
-use deletes::delete_unleased;
+use deletes::{delete_unleased, rows_present};
 use faults::FaultPoint;
 use frontier::{Frontier, IN_ORDER_FROM, IN_ORDER_ROWS, INDEXED_ALL, INDEXED_ROWS_OF_LANE};
 pub(crate) use open::check_keys;
@@ -260,6 +260,11 @@ impl Store {
     fn lower_accepted_floor(&self, accepted_ms: i64) {
         self.accepted_floor
             .fetch_min(accepted_ms, Ordering::Relaxed);
+    }
+
+    /// The rows leased to the batch in flight.
+    pub fn leased_seqs(&self) -> Vec<u64> {
+        self.leased().clone()
     }
 
     fn leased(&self) -> MutexGuard<'_, Vec<u64>> {

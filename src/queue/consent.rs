@@ -12,6 +12,19 @@ pub use store::WAL_TRUNCATE_BOUND;
 /// deleted now (a crash between the record and the delete, or a failed delete, left them).
 /// `Some` when that did not finish.
 pub(super) fn finish_recorded_denial(store: &Store) -> Option<Error> {
+    // The batch a denial spared on the wire, when the run ended before its answer. A failed
+    // delete leaves its rows owed (never read nor sent) and the record for the next open.
+    match store.finish_spared() {
+        Ok(None) => {}
+        Ok(Some(done)) => tracing::info!(
+            events = done.queued,
+            wal_left = done.wal_left.is_some(),
+            "consent denied: the batch that was on the wire when the last run ended is deleted"
+        ),
+        Err(e) => {
+            tracing::error!(error = %e, "could not delete the batch a denial spared before the last run ended; its rows are hidden until they are")
+        }
+    }
     match store.finish_recorded_denial() {
         Ok(None) => None,
         Ok(Some(done)) => {

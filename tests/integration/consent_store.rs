@@ -497,3 +497,65 @@ fn not_resent_after_a_quick_grant(status: u16, stored: bool) {
     let hits = files_contain(dir.path(), MARK.as_bytes());
     assert!(hits.is_empty(), "the denied values are in {hits:?}");
 }
+
+/// A crash while the spared batch is on the wire, after a quick grant: the next open must not
+/// send it either. The spared rows are recorded with the denial's deletion, and the open that
+/// finds the record deletes them.
+#[test]
+fn a_batch_spared_on_the_wire_is_not_sent_after_a_crash() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = || {
+        let mut c = eventspool::Config::new("https://collector.invalid/v1/batch");
+        c.db_path = Some(dir.path().join("events.db"));
+        c.compression = eventspool::Compression::None;
+        c.min_batch_interval_ms = 0;
+        c
+    };
+    let transport = Arc::new(Held::default());
+    let (spool, mut stepper) = EventSpool::builder(config())
+        .clock(instant_clock())
+        .transport(transport.clone())
+        .open_stepped()
+        .unwrap();
+    for i in 0..10 {
+        spool
+            .track("private", json!({ "secret": format!("{MARK}-{i:04}") }))
+            .unwrap();
+    }
+    assert_eq!(spool.persist().unwrap(), 10);
+    spool.flush();
+    for _ in 0..100 {
+        if !stepper.poll_worker() {
+            break;
+        }
+    }
+    let on_wire = transport.sent.lock().unwrap()[0].clone();
+    assert_eq!(on_wire.len(), 10);
+    spool.set_consent(Consent::Denied).unwrap();
+    spool.set_consent(Consent::Granted).unwrap();
+    spool.crash();
+    drop(stepper);
+
+    let after = Arc::new(Held::default());
+    let (spool, mut stepper) = EventSpool::builder(config())
+        .clock(instant_clock())
+        .transport(after.clone())
+        .open_stepped()
+        .unwrap();
+    spool.flush();
+    for _ in 0..200 {
+        if !stepper.poll_worker() {
+            break;
+        }
+        for answer in after.answers.lock().unwrap().drain(..) {
+            let _ = answer.send((200, String::new()));
+        }
+    }
+    let sent: Vec<String> = after.sent.lock().unwrap().concat();
+    let resent = sent.iter().filter(|id| on_wire.contains(id)).count();
+    assert_eq!(resent, 0, "sent again after the restart: {resent} of 10");
+    let stats = spool.stats();
+    assert_eq!(stats.pending, 0, "{stats:?}");
+    let hits = files_contain(dir.path(), MARK.as_bytes());
+    assert!(hits.is_empty(), "the denied values are in {hits:?}");
+}

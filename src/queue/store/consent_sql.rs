@@ -104,6 +104,16 @@ impl Store {
                     let dead = tx.execute("DELETE FROM quarantine", [])? as u64;
                     tx.execute("DELETE FROM reports", [])?;
                     tx.execute("DELETE FROM meta WHERE name = ?1", [meta::INSTALL_ID])?;
+                    match leased {
+                        [] => tx.execute(
+                            "DELETE FROM meta WHERE name = ?1",
+                            [meta::SPARED_BY_DENIAL],
+                        )?,
+                        spared => tx.execute(
+                            "INSERT OR REPLACE INTO meta (name, value) VALUES (?1, ?2)",
+                            (meta::SPARED_BY_DENIAL, seq_list(spared)),
+                        )?,
+                    };
                     (queued, dead)
                 }
                 Wipe::Only(seqs) => {
@@ -112,6 +122,7 @@ impl Store {
                     for seq in seqs {
                         queued += stmt.execute([*seq as i64])? as u64;
                     }
+                    tx.execute("DELETE FROM meta WHERE name = ?1", [meta::SPARED_BY_DENIAL])?;
                     (queued, 0)
                 }
             };
@@ -156,6 +167,20 @@ impl Store {
         self.discard_for_consent(Duration::ZERO, true).map(Some)
     }
 
+    /// At open: the rows a denial spared on the wire before the last run ended (a crash before
+    /// their answer) are deleted now, whatever consent says since. `None` when there was no
+    /// such record.
+    pub fn finish_spared(&self) -> Result<Option<Discarded>> {
+        let Some(recorded) = read_meta(&self.conn(), meta::SPARED_BY_DENIAL)? else {
+            return Ok(None);
+        };
+        let seqs: Vec<u64> = recorded
+            .split(',')
+            .filter_map(|s| s.trim().parse().ok())
+            .collect();
+        self.discard_spared(&seqs, Duration::ZERO).map(Some)
+    }
+
     /// `PRAGMA wal_checkpoint(TRUNCATE)` until its result says no reader kept it from finishing,
     /// for at most `wait` after the first try.
     fn truncate_wal(&self, conn: &Connection, wait: Duration) -> Result<()> {
@@ -186,4 +211,12 @@ impl Store {
         conn.busy_timeout(super::schema::BUSY_TIMEOUT)?;
         result
     }
+}
+
+/// Seqs as a `meta` value: decimal, comma separated.
+fn seq_list(seqs: &[u64]) -> String {
+    seqs.iter()
+        .map(u64::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
 }

@@ -73,6 +73,10 @@ pub mod meta {
     pub const ENABLED: &str = "enabled";
     /// The random id this install reports under (src/fleet); a denial deletes it.
     pub const INSTALL_ID: &str = "install_id";
+    /// The rows of the batch a denial spared because it was on the wire (seqs, comma
+    /// separated), written with the denial's deletion: an open that finds it deletes them, so a
+    /// crash before the answer never lets a later grant send them ([`super::consent_sql`]).
+    pub const SPARED_BY_DENIAL: &str = "spared_by_denial";
     /// The queued rows when the last owner let go of the store ([`super::Store::release_ownership`]);
     /// taken out by the next open, so it is present only after a clean close.
     pub const QUEUE_ROWS_AT_CLOSE: &str = "queue_rows_at_close";

@@ -69,6 +69,9 @@ pub struct Shared {
     /// worker holds (taken, or held for its retry) will never go, so the denial deletes it
     /// too, and no answer can count it delivered afterwards.
     pub on_wire: AtomicBool,
+    /// The seqs of the events in that request, set with `on_wire`: a denial spares these, not
+    /// what the worker holds beside them.
+    pub wire_seqs: Mutex<Vec<u64>>,
     /// A denial's deletion has not finished (a store error, a reader holding the WAL): nothing
     /// is sent, the worker tries again, and a new grant first finishes it.
     pub discard_owed: AtomicBool,

@@ -234,7 +234,7 @@ impl Worker {
         }
         // One try at the WAL: the machine asks again if a reader holds it.
         // The worker is not sending: nothing of its own is on the wire.
-        match self.s.queue.discard_for_consent(Duration::ZERO, true) {
+        match self.s.queue.discard_for_consent(Duration::ZERO, None) {
             Ok(_) => self.s.discard_owed.store(false, Ordering::SeqCst),
             Err(e) => {
                 // Owed: the machine asks again while consent stays denied.
@@ -286,7 +286,9 @@ impl Worker {
     /// batch was taken (see [`Shared::send_gate`]).
     async fn send(&mut self, attempt: u32, wall_ms: i64) -> Option<Input> {
         let s = self.s.clone();
-        if !s.delivery_allowed() {
+        // A denial that came while the worker held this batch covers it, whatever consent says
+        // now: withheld, it goes back to the queue, which deletes it.
+        if !s.delivery_allowed() || s.queue.spared_by_denial(self.machine.in_flight()) {
             return Some(Input::Withheld {
                 now_ms: s.clock.now_ms(),
             });
@@ -307,7 +309,8 @@ impl Worker {
             wire::batch_request(&s.config, api_key.as_deref(), body, events.len(), attempt);
         let timeout = request.timeout;
         let mut shutdown = s.shutdown.subscribe();
-        let result: Result<HttpResponse, TransportError> = match start(&s, request).await {
+        let seqs = events.iter().map(|(e, _)| e.seq).collect();
+        let result: Result<HttpResponse, TransportError> = match start(&s, request, seqs).await {
             Start::Withheld => {
                 return Some(Input::Withheld {
                     now_ms: s.clock.now_ms(),
@@ -462,14 +465,16 @@ enum Start {
 /// the opt-out allow it and the transport's first step (its first poll, where a transport hands
 /// the request to its HTTP stack) happen while neither `set_consent` nor `set_enabled` can
 /// change them, so once either has returned no request of this spool starts.
-async fn start(s: &Shared, request: HttpRequest) -> Start {
+async fn start(s: &Shared, request: HttpRequest, seqs: Vec<u64>) -> Start {
     let mut request = Some(request);
+    let mut seqs = Some(seqs);
     std::future::poll_fn(|cx| {
         let _gate = s.send_gate.read();
         let Some(request) = request.take().filter(|_| s.delivery_allowed()) else {
             return Poll::Ready(Start::Withheld);
         };
         s.counters.requests.fetch_add(1, Ordering::Relaxed);
+        *lock(&s.wire_seqs) = seqs.take().unwrap_or_default();
         s.on_wire.store(true, Ordering::SeqCst);
         let mut send = s.transport.send(request);
         Poll::Ready(match send.as_mut().poll(cx) {

@@ -332,18 +332,24 @@ impl MemoryBuffer {
         n as u64
     }
 
-    /// Forgets the in-flight events memory holds alone (a denial deleting the batch the worker
-    /// holds while it is not on the wire); a later release of them finds nothing. Returns how
-    /// many.
     /// The seqs of the events in flight.
     pub fn in_flight_seqs(&self) -> impl Iterator<Item = u64> + '_ {
         self.in_flight.keys().copied()
     }
 
-    pub fn forget_in_flight(&mut self) -> u64 {
-        let before = self.in_flight.len();
-        self.in_flight.retain(|_, (_, persisted)| *persisted);
-        (before - self.in_flight.len()) as u64
+    /// Forgets the in-flight events, `but` those (a denial deleting what the worker holds, but
+    /// the request on the wire); a later release of them finds nothing. Returns how many of
+    /// them memory held alone (the store counts the rows it deletes of the others).
+    pub fn forget_in_flight(&mut self, but: &[u64]) -> u64 {
+        let mut alone = 0;
+        self.in_flight.retain(|seq, (_, persisted)| {
+            let keep = but.contains(seq);
+            if !keep && !*persisted {
+                alone += 1;
+            }
+            keep
+        });
+        alone
     }
 
     /// Events queued or waiting to spill (not those in flight).

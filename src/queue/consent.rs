@@ -40,21 +40,28 @@ pub(super) fn finish_recorded_denial(store: &Store) -> Option<Error> {
 }
 
 impl Queue {
-    /// Consent denied (README §Consent): deletes every queued event not in flight, in memory
-    /// and in the store, the whole quarantine, the waiting client reports and the install id,
-    /// leaving none of the user's data in the file; counts the queued ones `consent_denied` and
-    /// returns how many. An error says the file may still hold some of it (the rows, or the
-    /// WAL's old pages): the caller tries again. Events in flight are deleted by the next call
-    /// if their answer does not take them out of the queue first. `wait` bounds how long a
-    /// reader holding the WAL is waited for (zero: one try).
-    pub fn discard_for_consent(&self, wait: std::time::Duration, with_held: bool) -> Result<u64> {
+    /// Consent denied (README §Consent): deletes every queued event but the request on the
+    /// wire (`on_wire`, its seqs, when there is one), in memory and in the store, the whole
+    /// quarantine, the waiting client reports and the install id, leaving none of the user's
+    /// data in the file; counts the queued ones `consent_denied` and returns how many. What the
+    /// worker holds beside that request (a batch's other half) goes too. An error says the
+    /// file may still hold some of it (the rows, or the WAL's old pages): the caller tries
+    /// again. The request spared is deleted when it comes back unanswered
+    /// ([`Queue::release`]). `wait` bounds how long a reader holding the WAL is waited for
+    /// (zero: one try).
+    pub fn discard_for_consent(
+        &self,
+        wait: std::time::Duration,
+        on_wire: Option<&[u64]>,
+    ) -> Result<u64> {
         let _guard = self.spill_lock.lock();
         {
-            // The batch spared now is deleted if it comes back unanswered, even under a grant
-            // that follows before its answer (the worker sees only the latest consent).
+            // Everything the worker holds now never goes out again, even under a grant that
+            // follows before the answer (the worker sees only the latest consent): the
+            // request on the wire may finish, the rest is deleted below.
             let mut spared = lock(&self.spared_by_denial);
             spared.clear();
-            if !with_held {
+            if on_wire.is_some() {
                 spared.extend(self.memory().in_flight_seqs());
                 if let Some(store) = &self.store {
                     spared.extend(store.leased_seqs());
@@ -64,9 +71,7 @@ impl Queue {
             }
         }
         let mut n = self.memory().clear();
-        if with_held {
-            n += self.memory().forget_in_flight();
-        }
+        n += self.memory().forget_in_flight(on_wire.unwrap_or_default());
         self.settle_tickets_gone();
         // Counted before the store is touched: a store error must not hide what memory lost.
         self.counters.drop(DropReason::ConsentDenied, n);
@@ -74,7 +79,7 @@ impl Queue {
         let mut dead = lock(&self.memory_quarantine).take(&Selector::All).len() as u64;
         let wal_left = match &self.store {
             Some(store) => {
-                let done = store.discard_for_consent(wait, with_held)?;
+                let done = store.discard_for_consent(wait, on_wire)?;
                 self.counters.drop(DropReason::ConsentDenied, done.queued);
                 n += done.queued;
                 dead += done.dead;
@@ -91,6 +96,13 @@ impl Queue {
             Some(e) => Err(e),
             None => Ok(n),
         }
+    }
+
+    /// Whether a denial covered any of these events while the worker held them: they must
+    /// not be sent again, whatever consent says now ([`Queue::release`] deletes them).
+    pub fn spared_by_denial(&self, events: &[(crate::event::QueuedEvent, bool)]) -> bool {
+        let spared = lock(&self.spared_by_denial);
+        !spared.is_empty() && events.iter().any(|(e, _)| spared.contains(&e.seq))
     }
 
     /// Events leave the queue (delivered, quarantined): a denial has nothing left to delete of
@@ -141,10 +153,19 @@ impl Queue {
         if denied.is_empty() {
             return events.to_vec();
         }
+        // Counted once each, and only those still held: the denial deleted (and counted) what
+        // the worker held beside the request on the wire.
+        let held: std::collections::HashSet<u64> = {
+            let mut held: std::collections::HashSet<u64> = self.memory().in_flight_seqs().collect();
+            if let Some(store) = &self.store {
+                held.extend(store.leased_seqs());
+            }
+            held
+        };
+        let still = denied.iter().filter(|s| held.contains(s)).count() as u64;
         // Out of memory's hands first: whatever the store does, none of them is sent again.
         self.memory().acknowledge(&denied);
-        self.counters
-            .drop(DropReason::ConsentDenied, denied.len() as u64);
+        self.counters.drop(DropReason::ConsentDenied, still);
         if let Some(store) = &self.store
             && let Err(e) = store.discard_spared(&denied, WAL_TRUNCATE_BOUND)
         {

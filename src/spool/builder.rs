@@ -227,6 +227,7 @@ impl EventSpool {
             enabled: AtomicBool::new(enabled),
             send_gate: parking_lot::RwLock::new(()),
             on_wire: AtomicBool::new(false),
+            wire_seqs: Mutex::new(Vec::new()),
             discard_owed: AtomicBool::new(unfinished_denial.is_some()),
             consent_verb: Mutex::new(()),
             state: Mutex::new(StateCell {

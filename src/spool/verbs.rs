@@ -182,10 +182,16 @@ impl EventSpool {
         let _one_at_a_time = lock(&self.shared().consent_verb);
         let s = self.shared();
         if consent != Consent::Denied && s.discard_owed.load(Ordering::SeqCst) {
-            // Nothing the last denial covered may go out under a new answer.
-            // Denied until now: nothing of the worker is on the wire.
+            // Nothing the last denial covered may go out under a new answer. A request that
+            // was on the wire at that denial may still be: spared again, as it was then.
+            let on_wire = {
+                let _gate = s.send_gate.read();
+                s.on_wire
+                    .load(Ordering::SeqCst)
+                    .then(|| lock(&s.wire_seqs).clone())
+            };
             s.queue
-                .discard_for_consent(crate::queue::WAL_TRUNCATE_BOUND, true)
+                .discard_for_consent(crate::queue::WAL_TRUNCATE_BOUND, on_wire.as_deref())
                 .map_err(|e| Error::WipeIncomplete(e.to_string()))?;
             s.discard_owed.store(false, Ordering::SeqCst);
         }
@@ -196,7 +202,7 @@ impl EventSpool {
         }
         // Whether the worker's batch is on the wire, read under the gate: once consent says no,
         // a batch not on the wire by now never goes, so the denial deletes it with the rest.
-        let batch_not_on_wire = {
+        let on_wire = {
             // Flag and control together under the gate: a send the worker has not started yet
             // sees the new consent and is withheld, and the worker is told before anything
             // below can fail.
@@ -208,7 +214,9 @@ impl EventSpool {
                     c.consent_changed = true;
                 }
             });
-            !s.on_wire.load(Ordering::SeqCst)
+            s.on_wire
+                .load(Ordering::SeqCst)
+                .then(|| lock(&s.wire_seqs).clone())
         };
         match consent {
             Consent::Denied => {
@@ -220,7 +228,7 @@ impl EventSpool {
                 s.fleet.forget_install(&s.full_stats());
                 if let Err(e) = s
                     .queue
-                    .discard_for_consent(crate::queue::WAL_TRUNCATE_BOUND, batch_not_on_wire)
+                    .discard_for_consent(crate::queue::WAL_TRUNCATE_BOUND, on_wire.as_deref())
                 {
                     s.discard_owed.store(true, Ordering::SeqCst);
                     s.wake.notify_one();

@@ -559,3 +559,130 @@ fn a_batch_spared_on_the_wire_is_not_sent_after_a_crash() {
     let hits = files_contain(dir.path(), MARK.as_bytes());
     assert!(hits.is_empty(), "the denied values are in {hits:?}");
 }
+
+/// A denial spares the request on the wire, not what the worker holds beside it: after a 413
+/// the worker sends half the batch and keeps the other half for after it. That half is among
+/// the kept events the denial deletes before it returns, and it is never sent, also after a
+/// quick grant. Found by the simulation (`Step::OnWire`).
+#[test]
+fn the_half_held_beside_the_request_on_the_wire_is_deleted_by_the_denial() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = eventspool::Config::new("https://collector.invalid/v1/batch");
+    c.db_path = Some(dir.path().join("events.db"));
+    c.compression = eventspool::Compression::None;
+    c.min_batch_interval_ms = 0;
+    let transport = Arc::new(Held::default());
+    let (spool, mut stepper) = EventSpool::builder(c)
+        .clock(instant_clock())
+        .transport(transport.clone())
+        .open_stepped()
+        .unwrap();
+    let secret = |i: usize| format!("{MARK}-{i:04}");
+    for i in 0..10 {
+        spool
+            .track("private", json!({ "secret": secret(i) }))
+            .unwrap();
+    }
+    assert_eq!(spool.persist().unwrap(), 10);
+    spool.flush();
+    let poll = |stepper: &mut eventspool::testing::Stepper| {
+        for _ in 0..100 {
+            if !stepper.poll_worker() {
+                break;
+            }
+        }
+    };
+    poll(&mut stepper);
+    let all = transport.sent.lock().unwrap()[0].clone();
+    let first = transport.answers.lock().unwrap().remove(0);
+    first.send((413, String::new())).unwrap();
+    poll(&mut stepper);
+    let sent = transport.sent.lock().unwrap().clone();
+    assert_eq!(sent.len(), 2, "the first half is on the wire: {sent:?}");
+    let on_wire = sent[1].clone();
+    assert!(on_wire.len() < all.len(), "{on_wire:?}");
+    let held: Vec<usize> = (0..10).filter(|i| !on_wire.contains(&all[*i])).collect();
+    spool.set_consent(Consent::Denied).unwrap();
+    for i in &held {
+        let hits = files_contain(dir.path(), secret(*i).as_bytes());
+        assert!(
+            hits.is_empty(),
+            "after set_consent(Denied) returned Ok, held event {i} is in {hits:?}"
+        );
+    }
+    spool.set_consent(Consent::Granted).unwrap();
+    let answer = transport.answers.lock().unwrap().remove(0);
+    answer.send((200, String::new())).unwrap();
+    for _ in 0..200 {
+        if !stepper.poll_worker() {
+            break;
+        }
+        for answer in transport.answers.lock().unwrap().drain(..) {
+            let _ = answer.send((200, String::new()));
+        }
+    }
+    let later: Vec<String> = transport.sent.lock().unwrap()[2..].concat();
+    let resent: Vec<&String> = later.iter().filter(|id| all.contains(id)).collect();
+    assert!(resent.is_empty(), "sent after the denial: {resent:?}");
+    let stats = spool.stats();
+    assert_eq!(stats.pending, 0, "{stats:?}");
+    assert_eq!(
+        stats.dropped(DropReason::ConsentDenied) + stats.delivered,
+        10,
+        "{stats:?}"
+    );
+}
+
+/// A denial whose deletion failed is finished by the next grant. When that grant comes while
+/// the request of the denial's time is still on the wire, the request is spared again: before,
+/// the grant deleted its rows and counted its events `consent_denied`, then the answer counted
+/// them delivered too. Found by the simulation (`Step::OnWire`).
+#[test]
+fn a_grant_finishing_a_failed_denial_spares_the_request_on_the_wire() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("events.db");
+    let mut c = eventspool::Config::new("https://collector.invalid/v1/batch");
+    c.db_path = Some(db.clone());
+    c.compression = eventspool::Compression::None;
+    c.min_batch_interval_ms = 0;
+    let transport = Arc::new(Held::default());
+    let (spool, mut stepper) = EventSpool::builder(c)
+        .clock(instant_clock())
+        .transport(transport.clone())
+        .open_stepped()
+        .unwrap();
+    for i in 0..10 {
+        spool
+            .track("private", json!({ "secret": format!("{MARK}-{i:04}") }))
+            .unwrap();
+    }
+    assert_eq!(spool.persist().unwrap(), 10);
+    spool.flush();
+    for _ in 0..100 {
+        if !stepper.poll_worker() {
+            break;
+        }
+    }
+    assert_eq!(transport.sent.lock().unwrap().len(), 1, "on the wire");
+    eventspool::testing::fail_consent_deletes(&db, 1);
+    assert!(matches!(
+        spool.set_consent(Consent::Denied),
+        Err(Error::WipeIncomplete(_))
+    ));
+    spool.set_consent(Consent::Granted).unwrap();
+    let answer = transport.answers.lock().unwrap().remove(0);
+    answer.send((200, String::new())).unwrap();
+    for _ in 0..100 {
+        if !stepper.poll_worker() {
+            break;
+        }
+    }
+    let stats = spool.stats();
+    assert_eq!(
+        (stats.delivered, stats.dropped(DropReason::ConsentDenied)),
+        (10, 0),
+        "each event counted once: {stats:?}"
+    );
+    assert_eq!(stats.pending, 0, "{stats:?}");
+}
+

@@ -47,29 +47,30 @@ pub struct Discarded {
 }
 
 impl Store {
-    /// Consent denied: deletes every queued event not in flight, every dead letter, the client
+    /// Consent denied: deletes every queued event but the rows of the request on the wire
+    /// (`on_wire`, when there is one), every dead letter, the client
     /// reports waiting to be sent and the install id they name, in one transaction, and empties
     /// the WAL (see the module docs). The queued events deleted are counted `consent_denied` in
     /// the store. An error means nothing was deleted; [`Discarded::wal_left`] that the rows are
     /// gone but the WAL still holds their old pages. Either way: call again. `wait` is how long
     /// to wait for readers of the WAL (zero: try once).
-    pub fn discard_for_consent(&self, wait: Duration, with_leased: bool) -> Result<Discarded> {
+    pub fn discard_for_consent(
+        &self,
+        wait: Duration,
+        on_wire: Option<&[u64]>,
+    ) -> Result<Discarded> {
         #[cfg(feature = "test-util")]
         if crate::testing::consent_delete_fails(&self.path) {
             return Err(Error::Storage(
                 "deleting the kept events failed (test fault)".into(),
             ));
         }
-        // Leased rows are the worker's batch: spared only while it is on the wire.
-        let leased = match with_leased {
-            true => Vec::new(),
-            false => self.leased().clone(),
-        };
+        // Of the rows leased to the worker, only the request on the wire is spared: what it
+        // holds beside it (a batch's other half) goes with the rest.
+        let spared = on_wire.unwrap_or_default();
         self.forget_quarantine_counts();
-        let done = self.wipe(wait, Wipe::AllBut(&leased))?;
-        if with_leased {
-            self.leased().clear();
-        }
+        let done = self.wipe(wait, Wipe::AllBut(spared))?;
+        self.leased().retain(|s| spared.contains(s));
         Ok(done)
     }
 
@@ -164,7 +165,7 @@ impl Store {
         if recorded.as_deref() != Some(crate::Consent::Denied.as_str()) {
             return Ok(None);
         }
-        self.discard_for_consent(Duration::ZERO, true).map(Some)
+        self.discard_for_consent(Duration::ZERO, None).map(Some)
     }
 
     /// At open: the rows a denial spared on the wire before the last run ended (a crash before

@@ -686,3 +686,63 @@ fn a_grant_finishing_a_failed_denial_spares_the_request_on_the_wire() {
     assert_eq!(stats.pending, 0, "{stats:?}");
 }
 
+/// The open that deletes a spared batch (above) must not hand its seqs out again: the store's
+/// frontier (which rows skip the ordering index) was read before the deletion and still names
+/// the last of them, so every event tracked after the restart with a seq at or below it went
+/// into the index until the store drained. Found by the simulation (`Step::OnWire`).
+#[test]
+fn events_after_an_open_that_deleted_a_spared_batch_skip_the_ordering_index() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("events.db");
+    let config = || {
+        let mut c = eventspool::Config::new("https://collector.invalid/v1/batch");
+        c.db_path = Some(db.clone());
+        c.compression = eventspool::Compression::None;
+        c.min_batch_interval_ms = 0;
+        c
+    };
+    let transport = Arc::new(Held::default());
+    let (spool, mut stepper) = EventSpool::builder(config())
+        .clock(instant_clock())
+        .transport(transport.clone())
+        .open_stepped()
+        .unwrap();
+    for i in 0..10 {
+        spool.track("before", json!({ "i": i })).unwrap();
+    }
+    assert_eq!(spool.persist().unwrap(), 10);
+    spool.flush();
+    for _ in 0..100 {
+        if !stepper.poll_worker() {
+            break;
+        }
+    }
+    assert_eq!(transport.sent.lock().unwrap().len(), 1, "on the wire");
+    spool.set_consent(Consent::Denied).unwrap();
+    spool.set_consent(Consent::Granted).unwrap();
+    spool.crash();
+    drop(stepper);
+
+    let (spool, _stepper) = EventSpool::builder(config())
+        .clock(instant_clock())
+        .transport(Arc::new(Held::default()))
+        .open_stepped()
+        .unwrap();
+    for i in 0..10 {
+        spool.track("after", json!({ "i": i })).unwrap();
+    }
+    assert_eq!(spool.persist().unwrap(), 10);
+    let reader = rusqlite::Connection::open(&db).unwrap();
+    let (rows, indexed): (i64, i64) = reader
+        .query_row(
+            "SELECT count(*), count(*) FILTER (WHERE in_order = 0) FROM events",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    assert_eq!(rows, 10);
+    assert_eq!(
+        indexed, 0,
+        "{indexed} of the 10 events tracked in order after the restart went into the ordering index"
+    );
+}

@@ -76,6 +76,14 @@ impl Frontier {
         self.floor
     }
 
+    /// The lowest seq a new row may have and still skip the index: past the last in-order row
+    /// and not below the floor. Seqs are handed out again from the rows on disk at open
+    /// ([`super::Store::next_seq`]); rows deleted after the frontier was read (an open that
+    /// finishes a denial) must not bring them below it.
+    pub fn next_free(&self) -> u64 {
+        self.last.map_or(0, |(_, _, seq)| seq + 1).max(self.floor)
+    }
+
     /// After a read of the in-order rows from [`Frontier::floor`]: `first` is the seq of the
     /// first one it met, or `None` when there was none. Then no in-order row exists at all, and
     /// the frontier starts again from nothing (above the floor): otherwise one future-dated

@@ -305,12 +305,14 @@ impl Store {
         }
     }
 
-    /// The next free seq, so `track()` order continues across restarts.
+    /// The next free seq, so `track()` order continues across restarts: past the rows on disk,
+    /// and past the frontier, which may name rows deleted since it was read (frontier.rs).
     pub fn next_seq(&self) -> Result<u64> {
         let max: Option<i64> = self
             .conn()
             .query_row("SELECT max(seq) FROM events", [], |r| r.get(0))?;
-        Ok(max.map(|m| m as u64 + 1).unwrap_or(1))
+        let after_rows = max.map(|m| m as u64 + 1).unwrap_or(1);
+        Ok(after_rows.max(lock(&self.frontier).next_free()))
     }
 
     /// The database file.

@@ -85,6 +85,10 @@ pub enum Step {
     /// starts the request, and this step happens then: the seam between taking a batch and
     /// sending it, which a spool on its own threads leaves open for microseconds.
     AtTake(Box<Step>),
+    /// The next time a request is on the wire (sent, its answer not come yet), these steps
+    /// happen then, in order: a "no" and a "yes" before the answer, which the worker reads only
+    /// as the latest word; a crash before the answer.
+    OnWire(Vec<Step>),
     /// The collector answers every request with 503 and a `Retry-After` of 30 s to 10 min for
     /// this long: a fleet coming back at once after an outage. Retries then run out on answers
     /// that say when to come back, and the probe that follows must wait for them.
@@ -128,6 +132,21 @@ pub fn draw(rng: &mut fastrand::Rng, hours: u64) -> Plan {
 pub fn draw_at_take(rng: &mut fastrand::Rng, hours: u64) -> Plan {
     stream(rng, hours, 1..=60 * MINUTE_MS, |rng| {
         Step::AtTake(Box::new(at_take(rng)))
+    })
+}
+
+/// The steps that land while a request is on the wire, from their own stream (the other
+/// streams' steps stay as they were): about one every hour.
+pub fn draw_on_wire(rng: &mut fastrand::Rng, hours: u64) -> Plan {
+    stream(rng, hours, 1..=120 * MINUTE_MS, |rng| {
+        let mut steps = vec![
+            Step::Consent(Consent::Denied),
+            Step::Consent(Consent::Granted),
+        ];
+        if rng.u32(0..4) == 0 {
+            steps.push(Step::Crash);
+        }
+        Step::OnWire(steps)
     })
 }
 

@@ -96,12 +96,16 @@ pub fn plan_of(params: &Params, idx: usize) -> Plan {
     let mut rng = fastrand::Rng::with_seed(seed ^ 0x706c_616e);
     let mut seams = fastrand::Rng::with_seed(seed ^ 0x7365_616d);
     let mut overloads = fastrand::Rng::with_seed(seed ^ 0x6f76_6572);
+    let mut on_wire = fastrand::Rng::with_seed(seed ^ 0x7769_7265);
     plan::merge(
         plan::merge(
-            plan::draw(&mut rng, params.hours),
-            plan::draw_at_take(&mut seams, params.hours),
+            plan::merge(
+                plan::draw(&mut rng, params.hours),
+                plan::draw_at_take(&mut seams, params.hours),
+            ),
+            plan::draw_overloads(&mut overloads, params.hours),
         ),
-        plan::draw_overloads(&mut overloads, params.hours),
+        plan::draw_on_wire(&mut on_wire, params.hours),
     )
 }
 

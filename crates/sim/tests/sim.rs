@@ -54,6 +54,20 @@ const FOUND: &[(u64, usize, u64, usize, &str)] = &[
         42,
         "a write that failed part-way left uncommitted frames taking the WAL past the cap",
     ),
+    (
+        0x5eed_0004,
+        80,
+        25,
+        21,
+        "a denial left a delivered event's bytes in the unused space of a spared row's page",
+    ),
+    (
+        0x5eed_0001,
+        80,
+        25,
+        51,
+        "an open that deleted a spared batch handed its seqs out again, below the frontier",
+    ),
 ];
 
 #[test]

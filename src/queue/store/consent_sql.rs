@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use rusqlite::Connection;
 
-use super::{Store, bump, counter, delete_unleased, meta, read_meta, rows_present, wal_path};
+use super::{Store, bump, counter, meta, read_meta, rows_present, wal_path};
 use crate::error::{Error, Result};
 
 /// How long `set_consent(Denied)` waits for readers to let go of the WAL before it says the
@@ -101,7 +101,7 @@ impl Store {
             let settled = self.settle_owed(&tx)?;
             let (queued, dead) = match rows {
                 Wipe::AllBut(leased) => {
-                    let queued = delete_unleased(&tx, leased)?;
+                    let queued = delete_all_but(&tx, leased)?;
                     let dead = tx.execute("DELETE FROM quarantine", [])? as u64;
                     tx.execute("DELETE FROM reports", [])?;
                     tx.execute("DELETE FROM meta WHERE name = ?1", [meta::INSTALL_ID])?;
@@ -220,4 +220,39 @@ fn seq_list(seqs: &[u64]) -> String {
         .map(u64::to_string)
         .collect::<Vec<_>>()
         .join(",")
+}
+
+/// Deletes every queued row but `kept` (the request on the wire); returns how many went. The
+/// kept rows are read, every row deleted, and the kept ones written again. Deleting around them
+/// would leave the pages that hold them as they are, and `secure_delete` zeroes deleted cells,
+/// not the unused space between a page's cell pointers and its cells, where a rebalance leaves
+/// the old copies of the cells it moved to another page (seen in the simulation: an event
+/// delivered long before, in that space of the page a kept row was on). The table emptied, every
+/// page of it is zeroed or freed, and the kept rows go to clean ones.
+fn delete_all_but(conn: &Connection, kept: &[u64]) -> Result<u64> {
+    let mut rows: Vec<Vec<rusqlite::types::Value>> = Vec::new();
+    if !kept.is_empty() {
+        let mut stmt = conn.prepare(&format!(
+            "SELECT * FROM events WHERE seq IN ({})",
+            seq_list(kept)
+        ))?;
+        let columns = stmt.column_count();
+        let mut found = stmt.query([])?;
+        while let Some(row) = found.next()? {
+            rows.push(
+                (0..columns)
+                    .map(|i| row.get(i))
+                    .collect::<rusqlite::Result<_>>()?,
+            );
+        }
+    }
+    let deleted = conn.execute("DELETE FROM events", [])? as u64;
+    if let Some(first) = rows.first() {
+        let marks = vec!["?"; first.len()].join(",");
+        let mut insert = conn.prepare(&format!("INSERT INTO events VALUES ({marks})"))?;
+        for row in &rows {
+            insert.execute(rusqlite::params_from_iter(row))?;
+        }
+    }
+    Ok(deleted - rows.len() as u64)
 }

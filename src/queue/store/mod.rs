@@ -47,7 +47,7 @@ use crate::quarantine::{QuarantinedEvent, reason};
 use crate::sync::lock;
 
 pub use consent_sql::WAL_TRUNCATE_BOUND;
-use deletes::{delete_unleased, rows_present};
+use deletes::rows_present;
 use faults::FaultPoint;
 use frontier::{Frontier, IN_ORDER_FROM, IN_ORDER_ROWS, INDEXED_ALL, INDEXED_ROWS_OF_LANE};
 pub(crate) use open::check_keys;

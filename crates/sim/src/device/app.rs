@@ -42,6 +42,7 @@ impl Device {
             taken: false,
             redriven: false,
             exposed: false,
+            denied: false,
         });
         self.tracked += 1;
         self.figures.events += 1;
@@ -100,6 +101,12 @@ impl Device {
             Step::AtTake(verb) => {
                 if self.at_take.is_none() {
                     self.at_take = Some((**verb).clone());
+                }
+                return Ok(());
+            }
+            Step::OnWire(steps) => {
+                if self.on_wire.is_none() {
+                    self.on_wire = Some(steps.clone());
                 }
                 return Ok(());
             }
@@ -172,6 +179,9 @@ impl Device {
                 self.consent = spool.consent();
                 if self.consent == Consent::Denied {
                     self.expose_all();
+                    for e in &mut self.events {
+                        e.denied = true;
+                    }
                 }
                 self.said_no();
                 // Only a denial that returned Ok claims the wipe.
@@ -221,7 +231,7 @@ impl Device {
                     self.pause_hold = None;
                 }
             }
-            Step::Restart | Step::Crash | Step::AtTake(_) => {}
+            Step::Restart | Step::Crash | Step::AtTake(_) | Step::OnWire(_) => {}
             Step::SkewWall(ms) => self.clock.skew_wall(*ms),
             Step::Partition { ms } => self.partition_until = self.now() + ms,
             Step::RefuseBodies { ms } => self.refuse_until = self.now() + ms,

@@ -76,6 +76,11 @@ impl Device {
                 ));
             };
             let ev = &mut self.events[idx];
+            if ev.denied {
+                return Err(format!(
+                    "event {idx}, tracked before a denial, went out in a request that started after it"
+                ));
+            }
             let lane = usize::from(ev.critical);
             if !ev.sent && !ev.redriven {
                 if let Some((prev, _)) = first_ts[lane]

@@ -33,6 +33,7 @@ impl Device {
         self.healed = true;
         self.plan.truncate(self.next_step);
         self.at_take = None;
+        self.on_wire = None;
         self.faults.disarm();
         self.disk_full_until = None;
         self.open();

@@ -52,6 +52,9 @@ struct Ev {
     redriven: bool,
     /// Not on disk for sure when the process died or a denial deleted: may be gone uncounted.
     exposed: bool,
+    /// Tracked before a denial: no request that starts after it may carry it (the one on the
+    /// wire then may finish), whatever the app says later (README §Consent).
+    denied: bool,
 }
 
 /// The figures of a run.
@@ -120,6 +123,8 @@ pub struct Device {
     frontier: [(i64, u64, usize); 2],
     /// A step waiting for the worker's next take ([`Step::AtTake`]).
     at_take: Option<Step>,
+    /// Steps waiting for the next request on the wire ([`Step::OnWire`]).
+    on_wire: Option<Vec<Step>>,
     /// Something happened to the device since it last settled (a step, an answer, the heal):
     /// see [`Device::wants_settle`].
     dirty: bool,
@@ -224,6 +229,7 @@ impl Device {
             rejections: HashMap::new(),
             frontier: [(i64::MIN, 0, 0); 2],
             at_take: None,
+            on_wire: None,
             dirty: true,
             probe: Probe::Off,
             probe_since: 0,
@@ -368,6 +374,17 @@ impl Device {
             if let Some((request, slot)) = outgoing {
                 self.dispatch(request, slot, step)?;
                 progressed = true;
+                if self.flight.is_some()
+                    && let Some(steps) = self.on_wire.take()
+                {
+                    self.trace.line(
+                        self.now(),
+                        format_args!("while the request is on the wire:"),
+                    );
+                    for s in &steps {
+                        self.apply(s, step)?;
+                    }
+                }
             }
             if !progressed && self.healed {
                 // The app shows a pause; once the world is healed the user presses Resume.

@@ -646,8 +646,11 @@ fn a_grant_finishing_a_failed_denial_spares_the_request_on_the_wire() {
     c.compression = eventspool::Compression::None;
     c.min_batch_interval_ms = 0;
     let transport = Arc::new(Held::default());
+    // A clock that moves only when told: a worker with nothing to do waits and the poll
+    // returns, so a defect here fails the test instead of spinning the worker.
+    let (_clock, clock) = manual_clock();
     let (spool, mut stepper) = EventSpool::builder(c)
-        .clock(instant_clock())
+        .clock(clock)
         .transport(transport.clone())
         .open_stepped()
         .unwrap();

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use super::spill::{SPILL_CHUNK, SPILL_RETRY_FIRST};
 use super::*;
-use crate::event::EventId;
+use crate::event::{EventId, SendNote};
 use crate::quarantine::QuarantinedEvent;
 use crate::stats::{Entry, Exit};
 use store::faults::{FaultError, FaultSite, StoreFaults};
@@ -529,4 +529,43 @@ fn a_quarantined_batch_that_persist_copied_leaves_the_queue_in_one_transaction()
     assert!(both.is_empty(), "queued and quarantined at once: {both:?}");
     f.faults.disarm();
     f.check().unwrap();
+}
+
+/// The same for the write that records a send's outcome on the rows of a batch (a refused
+/// request, `SendNote::NotSent`): on a store at its cap, its commit failing part-way left its
+/// frames in the WAL file, no hook reported them, and the next write's check kept the files
+/// past the cap (found by the simulation, a request refused while on the wire: "the store
+/// takes 201072 bytes on disk, over max_disk_bytes 196608 (db 147456 wal 53616)").
+#[test]
+fn a_send_note_refused_part_way_leaves_the_files_inside_the_cap() {
+    const CAP: u64 = 192 << 10;
+    let dir = tempfile::tempdir().unwrap();
+    let f = Faulty::open(dir.path(), CAP, params_of(10, Durability::Spill));
+    f.track(padded(1, 2_000, 300));
+    f.q.spill_now().unwrap();
+    assert!(
+        f.counters.snapshot().dropped(DropReason::DiskCap) > 0,
+        "the store is at its cap"
+    );
+    let mut over = Vec::new();
+    // Every position of the failure within the notes on a 200-row batch.
+    for nth in 1u64..=40 {
+        let batch = f.q.next_batch(200, u64::MAX);
+        assert!(batch.len() > 100, "a batch of {}", batch.len());
+        f.q.note_sends(&batch, SendNote::Sending).unwrap();
+        f.faults.fail_nth(FaultSite::Write, nth, FaultError::Full);
+        let failed = f.q.note_sends(&batch, SendNote::NotSent).is_err();
+        f.faults.disarm();
+        let after_note = store::disk_usage(&f.db);
+        // Given back: the counts the failed note did not write are written now.
+        f.q.release(&batch);
+        let after_release = store::disk_usage(&f.db);
+        if after_note > CAP || after_release > CAP {
+            over.push((nth, failed, after_note, after_release));
+        }
+    }
+    assert!(
+        over.is_empty(),
+        "(write that failed, the note failed, bytes after the note, after the release) past the cap {CAP}: {over:?}"
+    );
 }

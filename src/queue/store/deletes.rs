@@ -58,7 +58,10 @@ impl Store {
                 self.owed_settled(&seqs);
                 self.checkpoint_if_needed(conn);
             }
-            Err(e) => tracing::debug!(error = %e, "owed deletes still failing"),
+            Err(e) => {
+                tracing::debug!(error = %e, "owed deletes still failing");
+                self.after_failed_write_on(conn);
+            }
         }
     }
 
@@ -142,6 +145,7 @@ impl Store {
                 let present = rows_present(&conn, seqs).unwrap_or(seqs.to_vec());
                 tracing::warn!(error = %e, rows = present.len(), "deleting rows failed; they are hidden and deleted by the next write");
                 self.owe(&present, counted_as);
+                self.after_failed_write_on(&conn);
                 present.len() as u64
             }
         };
@@ -161,45 +165,57 @@ impl Store {
         }
         let leased = self.leased().clone();
         let mut conn = self.conn();
-        let tx = conn.transaction()?;
-        let settled = self.settle_owed(&tx)?;
-        let rows: Vec<(i64, String)> = {
-            // Rows are mostly in acceptance order by seq, so the scan meets the due ones first
-            // and stops at the limit.
-            let mut stmt =
-                tx.prepare_cached("SELECT seq, event_id FROM events WHERE accepted < ?1 LIMIT ?2")?;
-            stmt.query_map(params![cutoff_ms, EXPIRE_MAX as i64], |r| {
-                Ok((r.get(0)?, r.get(1)?))
-            })?
-            .collect::<rusqlite::Result<_>>()?
-        };
-        let all_found = rows.len() < EXPIRE_MAX;
-        let mut gone = Vec::new();
-        {
-            let mut stmt = tx.prepare_cached("DELETE FROM events WHERE seq = ?1")?;
-            for (seq, id) in rows
-                .into_iter()
-                .filter(|(s, _)| !leased.contains(&(*s as u64)))
+        let written = (|| -> Result<_> {
+            let tx = conn.transaction()?;
+            let settled = self.settle_owed(&tx)?;
+            let rows: Vec<(i64, String)> = {
+                // Rows are mostly in acceptance order by seq, so the scan meets the due ones first
+                // and stops at the limit.
+                let mut stmt = tx.prepare_cached(
+                    "SELECT seq, event_id FROM events WHERE accepted < ?1 LIMIT ?2",
+                )?;
+                stmt.query_map(params![cutoff_ms, EXPIRE_MAX as i64], |r| {
+                    Ok((r.get(0)?, r.get(1)?))
+                })?
+                .collect::<rusqlite::Result<_>>()?
+            };
+            let all_found = rows.len() < EXPIRE_MAX;
+            let mut gone = Vec::new();
             {
-                if stmt.execute([seq])? > 0
-                    && let Ok(id) = Uuid::try_parse(&id)
+                let mut stmt = tx.prepare_cached("DELETE FROM events WHERE seq = ?1")?;
+                for (seq, id) in rows
+                    .into_iter()
+                    .filter(|(s, _)| !leased.contains(&(*s as u64)))
                 {
-                    gone.push(EventId(id));
+                    if stmt.execute([seq])? > 0
+                        && let Ok(id) = Uuid::try_parse(&id)
+                    {
+                        gone.push(EventId(id));
+                    }
                 }
             }
-        }
-        let n = gone.len() as u64;
-        if n > 0 {
-            bump(&tx, counter::EXPIRED, n)?;
-        }
-        // With every due row found, what is left (leased rows too) sets the floor; otherwise
-        // it stays below the cutoff and the next call scans again.
-        let floor: Option<Option<i64>> = if all_found {
-            Some(tx.query_row("SELECT min(accepted) FROM events", [], |r| r.get(0))?)
-        } else {
-            None
+            let n = gone.len() as u64;
+            if n > 0 {
+                bump(&tx, counter::EXPIRED, n)?;
+            }
+            // With every due row found, what is left (leased rows too) sets the floor; otherwise
+            // it stays below the cutoff and the next call scans again.
+            let floor: Option<Option<i64>> = if all_found {
+                Some(tx.query_row("SELECT min(accepted) FROM events", [], |r| r.get(0))?)
+            } else {
+                None
+            };
+            tx.commit()?;
+            Ok((settled, floor, gone))
+        })();
+        let (settled, floor, gone) = match written {
+            Ok(written) => written,
+            Err(e) => {
+                self.after_failed_write_on(&conn);
+                return Err(e);
+            }
         };
-        tx.commit()?;
+        let n = gone.len() as u64;
         self.owed_settled(&settled);
         if let Some(floor) = floor {
             self.accepted_floor
@@ -220,11 +236,21 @@ impl Store {
     pub fn purge_queue(&self) -> Result<u64> {
         let leased = self.leased().clone();
         let mut conn = self.conn();
-        let tx = conn.transaction()?;
-        // Owed rows first, uncounted: they are not queued any more.
-        let settled = self.settle_owed(&tx)?;
-        let n = delete_unleased(&tx, &leased)?;
-        tx.commit()?;
+        let written = (|| -> Result<(Vec<u64>, u64)> {
+            let tx = conn.transaction()?;
+            // Owed rows first, uncounted: they are not queued any more.
+            let settled = self.settle_owed(&tx)?;
+            let n = delete_unleased(&tx, &leased)?;
+            tx.commit()?;
+            Ok((settled, n))
+        })();
+        let (settled, n) = match written {
+            Ok(written) => written,
+            Err(e) => {
+                self.after_failed_write_on(&conn);
+                return Err(e);
+            }
+        };
         self.owed_settled(&settled);
         self.checkpoint_if_needed(&conn);
         drop(conn);

@@ -44,7 +44,10 @@ impl Store {
             tx.commit()?;
             Ok(())
         });
-        added?;
+        if let Err(e) = added {
+            self.after_failed_write_on(conn);
+            return Err(e);
+        }
         self.checkpoint_if_needed(conn);
         Ok(())
     }
@@ -53,7 +56,10 @@ impl Store {
     /// the app ends it).
     pub fn delete_meta(&self, name: &str) -> Result<()> {
         let conn = self.conn();
-        conn.execute("DELETE FROM meta WHERE name = ?1", [name])?;
+        if let Err(e) = conn.execute("DELETE FROM meta WHERE name = ?1", [name]) {
+            self.after_failed_write_on(&conn);
+            return Err(e.into());
+        }
         self.checkpoint_if_needed(&conn);
         Ok(())
     }
@@ -61,13 +67,17 @@ impl Store {
     /// Forgets reports a 2xx covered.
     pub fn reports_delete(&self, ids: &[u64]) -> Result<()> {
         let conn = self.conn();
-        self.beside_the_queue(&conn, || -> Result<()> {
+        let deleted = self.beside_the_queue(&conn, || -> Result<()> {
             let mut stmt = conn.prepare_cached("DELETE FROM reports WHERE id = ?1")?;
             for id in ids {
                 stmt.execute([*id as i64])?;
             }
             Ok(())
-        })?;
+        });
+        if let Err(e) = deleted {
+            self.after_failed_write_on(&conn);
+            return Err(e);
+        }
         self.checkpoint_if_needed(&conn);
         Ok(())
     }

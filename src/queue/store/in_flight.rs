@@ -31,10 +31,18 @@ impl Store {
             .copied()
             .filter(|s| !owed.contains(s))
             .collect();
-        let tx = conn.unchecked_transaction()?;
-        apply(&tx, &due, SendNote::Sending)?;
-        record(&tx, seqs)?;
-        tx.commit()?;
+        let written = (|| -> Result<()> {
+            let tx = conn.unchecked_transaction()?;
+            apply(&tx, &due, SendNote::Sending)?;
+            record(&tx, seqs)?;
+            tx.commit()?;
+            Ok(())
+        })();
+        if let Err(e) = written {
+            drop(recorded);
+            self.after_failed_write_on(&conn);
+            return Err(e);
+        }
         *recorded = seqs.to_vec();
         drop(recorded);
         self.checkpoint_if_needed(&conn);
@@ -71,9 +79,16 @@ impl Store {
             Ok(kept)
         })();
         match settled {
-            Ok(kept) => *lock(&self.in_flight) = kept,
+            Ok(kept) => {
+                *lock(&self.in_flight) = kept;
+                // A whole batch's counts: the WAL may be past its share now.
+                self.checkpoint_if_needed(&conn);
+            }
             // Left in the record: the next send or the next open applies it.
-            Err(e) => tracing::warn!(error = %e, "could not record the send counts"),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not record the send counts");
+                self.after_failed_write_on(&conn);
+            }
         }
     }
 

@@ -339,7 +339,10 @@ impl Store {
 
     pub fn set_meta(&self, name: &str, value: &str) -> Result<()> {
         let conn = self.conn();
-        write_meta(&conn, name, value)?;
+        if let Err(e) = write_meta(&conn, name, value) {
+            self.after_failed_write_on(&conn);
+            return Err(e.into());
+        }
         self.checkpoint_if_needed(&conn);
         Ok(())
     }

@@ -217,13 +217,24 @@ impl Store {
             return self.note_sending(seqs);
         }
         let mut conn = self.conn();
-        let tx = conn.transaction()?;
-        let kept = self.settle_in_flight(&tx, seqs)?;
-        in_flight::apply(&tx, seqs, note)?;
-        tx.commit()?;
-        *lock(&self.in_flight) = kept;
-        self.checkpoint_if_needed(&conn);
-        Ok(())
+        let written = (|| -> Result<Vec<u64>> {
+            let tx = conn.transaction()?;
+            let kept = self.settle_in_flight(&tx, seqs)?;
+            in_flight::apply(&tx, seqs, note)?;
+            tx.commit()?;
+            Ok(kept)
+        })();
+        match written {
+            Ok(kept) => {
+                *lock(&self.in_flight) = kept;
+                self.checkpoint_if_needed(&conn);
+                Ok(())
+            }
+            Err(e) => {
+                self.after_failed_write_on(&conn);
+                Err(e)
+            }
+        }
     }
 }
 

@@ -279,8 +279,15 @@ impl Store {
     /// full disk may refuse that checkpoint too; it is counted and tried after the next write.)
     pub(super) fn after_failed_write(&self) {
         let conn = self.conn();
+        self.after_failed_write_on(&conn);
+    }
+
+    /// [`Store::after_failed_write`] on the connection the caller holds, its transaction
+    /// rolled back. Every write that can fail calls one of the two: a commit that fails
+    /// part-way leaves frames in the WAL file whatever it wrote (rows, counts, records).
+    pub(super) fn after_failed_write_on(&self, conn: &Connection) {
         self.wal.measure(&wal_path(&self.path));
-        self.checkpoint_if_needed(&conn);
+        self.checkpoint_if_needed(conn);
     }
 
     /// Keeps the WAL inside its share of the cap: a checkpoint that truncates it once it passes

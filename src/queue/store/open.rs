@@ -86,7 +86,7 @@ impl Store {
             wal,
             frontier,
         } = connected;
-        Store {
+        let store = Store {
             conn: Mutex::new(conn),
             path: path.to_path_buf(),
             budget,
@@ -111,7 +111,16 @@ impl Store {
             read_ahead: Mutex::new(None),
             given_back: AtomicU64::new(0),
             faults,
+        };
+        // What the open wrote (a migration, the send the record owed the batch on the wire at
+        // a crash: a whole batch of updated rows) may have taken the WAL past its share, and
+        // SQLite's own checkpoint leaves the file at its size: the cap's check runs as after
+        // any write.
+        {
+            let conn = store.conn();
+            store.checkpoint_if_needed(&conn);
         }
+        store
     }
 
     /// Never deletes what it cannot read: the file (with its WAL and SHM) is renamed with a

@@ -159,6 +159,16 @@ pub fn draw_overloads(rng: &mut fastrand::Rng, hours: u64) -> Plan {
 }
 
 /// A step for the moment between a take and its send.
+/// Any of the seam steps of [`draw_at_take`], one or two, while a request is on the wire: a
+/// stream of its own, so the other streams' steps stay as they were; about one every half
+/// hour.
+pub fn draw_on_wire_any(rng: &mut fastrand::Rng, hours: u64) -> Plan {
+    stream(rng, hours, 1..=60 * MINUTE_MS, |rng| {
+        let n = rng.usize(1..=2);
+        Step::OnWire((0..n).map(|_| at_take(rng)).collect())
+    })
+}
+
 fn at_take(rng: &mut fastrand::Rng) -> Step {
     match rng.u32(0..100) {
         // A "no" lasts until the plan's next "yes" (hours): rarer here than the rest.

@@ -97,7 +97,7 @@ pub fn plan_of(params: &Params, idx: usize) -> Plan {
     let mut seams = fastrand::Rng::with_seed(seed ^ 0x7365_616d);
     let mut overloads = fastrand::Rng::with_seed(seed ^ 0x6f76_6572);
     let mut on_wire = fastrand::Rng::with_seed(seed ^ 0x7769_7265);
-    plan::merge(
+    let plan = plan::merge(
         plan::merge(
             plan::merge(
                 plan::draw(&mut rng, params.hours),
@@ -106,7 +106,9 @@ pub fn plan_of(params: &Params, idx: usize) -> Plan {
             plan::draw_overloads(&mut overloads, params.hours),
         ),
         plan::draw_on_wire(&mut on_wire, params.hours),
-    )
+    );
+    let mut on_wire_any = fastrand::Rng::with_seed(seed ^ 0x6f6e_7732);
+    plan::merge(plan, plan::draw_on_wire_any(&mut on_wire_any, params.hours))
 }
 
 /// Where the stores of a run live: `EVENTSPOOL_SIM_DIR`, else /dev/shm when there is one (the

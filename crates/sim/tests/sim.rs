@@ -68,6 +68,20 @@ const FOUND: &[(u64, usize, u64, usize, &str)] = &[
         51,
         "an open that deleted a spared batch handed its seqs out again, below the frontier",
     ),
+    (
+        0x5eed_000a,
+        80,
+        25,
+        11,
+        "a send note failed part-way and the batch given back left the WAL past the cap",
+    ),
+    (
+        0x5eed_0006,
+        80,
+        25,
+        79,
+        "the open after a crash wrote a batch's owed counts and left the WAL past the cap",
+    ),
 ];
 
 #[test]

@@ -112,6 +112,14 @@ thread_local! {
 }
 
 impl Shared {
+    /// The seqs of the worker's request on the wire, when there is one. The verbs read it under
+    /// the send gate, so no request starts meanwhile.
+    pub fn request_on_wire(&self) -> Option<Vec<u64>> {
+        self.on_wire
+            .load(Ordering::SeqCst)
+            .then(|| lock(&self.wire_seqs).clone())
+    }
+
     /// The counters with the queue's sizes and the fleet loop's counts filled in.
     pub fn full_stats(&self) -> crate::stats::Stats {
         let mut stats = self.counters.snapshot();

@@ -186,9 +186,7 @@ impl EventSpool {
             // was on the wire at that denial may still be: spared again, as it was then.
             let on_wire = {
                 let _gate = s.send_gate.read();
-                s.on_wire
-                    .load(Ordering::SeqCst)
-                    .then(|| lock(&s.wire_seqs).clone())
+                s.request_on_wire()
             };
             s.queue
                 .discard_for_consent(crate::queue::WAL_TRUNCATE_BOUND, on_wire.as_deref())
@@ -214,9 +212,7 @@ impl EventSpool {
                     c.consent_changed = true;
                 }
             });
-            s.on_wire
-                .load(Ordering::SeqCst)
-                .then(|| lock(&s.wire_seqs).clone())
+            s.request_on_wire()
         };
         match consent {
             Consent::Denied => {

@@ -143,13 +143,7 @@ impl Store {
             Ok((queued, dead))
         })();
         let restored = conn.pragma_update(None, "secure_delete", "FAST");
-        let (queued, dead) = match result {
-            Ok(done) => done,
-            Err(e) => {
-                self.after_failed_write_on(&conn);
-                return Err(e);
-            }
-        };
+        let (queued, dead) = self.checked(&conn, result)?;
         restored?;
         self.forget_rows(queued);
         let wal_left = self.truncate_wal(&conn, wait).err();

@@ -208,13 +208,7 @@ impl Store {
             tx.commit()?;
             Ok((settled, floor, gone))
         })();
-        let (settled, floor, gone) = match written {
-            Ok(written) => written,
-            Err(e) => {
-                self.after_failed_write_on(&conn);
-                return Err(e);
-            }
-        };
+        let (settled, floor, gone) = self.checked(&conn, written)?;
         let n = gone.len() as u64;
         self.owed_settled(&settled);
         if let Some(floor) = floor {
@@ -244,13 +238,7 @@ impl Store {
             tx.commit()?;
             Ok((settled, n))
         })();
-        let (settled, n) = match written {
-            Ok(written) => written,
-            Err(e) => {
-                self.after_failed_write_on(&conn);
-                return Err(e);
-            }
-        };
+        let (settled, n) = self.checked(&conn, written)?;
         self.owed_settled(&settled);
         self.checkpoint_if_needed(&conn);
         drop(conn);

@@ -44,10 +44,7 @@ impl Store {
             tx.commit()?;
             Ok(())
         });
-        if let Err(e) = added {
-            self.after_failed_write_on(conn);
-            return Err(e);
-        }
+        self.checked(conn, added)?;
         self.checkpoint_if_needed(conn);
         Ok(())
     }
@@ -56,10 +53,8 @@ impl Store {
     /// the app ends it).
     pub fn delete_meta(&self, name: &str) -> Result<()> {
         let conn = self.conn();
-        if let Err(e) = conn.execute("DELETE FROM meta WHERE name = ?1", [name]) {
-            self.after_failed_write_on(&conn);
-            return Err(e.into());
-        }
+        let deleted = conn.execute("DELETE FROM meta WHERE name = ?1", [name]);
+        self.checked(&conn, deleted.map_err(Error::from))?;
         self.checkpoint_if_needed(&conn);
         Ok(())
     }
@@ -74,10 +69,7 @@ impl Store {
             }
             Ok(())
         });
-        if let Err(e) = deleted {
-            self.after_failed_write_on(&conn);
-            return Err(e);
-        }
+        self.checked(&conn, deleted)?;
         self.checkpoint_if_needed(&conn);
         Ok(())
     }

@@ -38,11 +38,7 @@ impl Store {
             tx.commit()?;
             Ok(())
         })();
-        if let Err(e) = written {
-            drop(recorded);
-            self.after_failed_write_on(&conn);
-            return Err(e);
-        }
+        self.checked(&conn, written)?;
         *recorded = seqs.to_vec();
         drop(recorded);
         self.checkpoint_if_needed(&conn);

@@ -339,10 +339,8 @@ impl Store {
 
     pub fn set_meta(&self, name: &str, value: &str) -> Result<()> {
         let conn = self.conn();
-        if let Err(e) = write_meta(&conn, name, value) {
-            self.after_failed_write_on(&conn);
-            return Err(e.into());
-        }
+        let written = write_meta(&conn, name, value);
+        self.checked(&conn, written.map_err(Error::from))?;
         self.checkpoint_if_needed(&conn);
         Ok(())
     }

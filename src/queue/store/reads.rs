@@ -224,17 +224,10 @@ impl Store {
             tx.commit()?;
             Ok(kept)
         })();
-        match written {
-            Ok(kept) => {
-                *lock(&self.in_flight) = kept;
-                self.checkpoint_if_needed(&conn);
-                Ok(())
-            }
-            Err(e) => {
-                self.after_failed_write_on(&conn);
-                Err(e)
-            }
-        }
+        let kept = self.checked(&conn, written)?;
+        *lock(&self.in_flight) = kept;
+        self.checkpoint_if_needed(&conn);
+        Ok(())
     }
 }
 

@@ -290,6 +290,15 @@ impl Store {
         self.checkpoint_if_needed(conn);
     }
 
+    /// `result`, the outcome of a write on `conn` (its transaction over), after
+    /// [`Store::after_failed_write_on`] when it failed.
+    pub(super) fn checked<T>(&self, conn: &Connection, result: Result<T>) -> Result<T> {
+        if result.is_err() {
+            self.after_failed_write_on(conn);
+        }
+        result
+    }
+
     /// Keeps the WAL inside its share of the cap: a checkpoint that truncates it once it passes
     /// half its share (the other half is the room the next transaction may need).
     /// Run after every write transaction, not only inserts: bookkeeping and deletes add WAL

@@ -28,7 +28,10 @@ impl Store {
 
     /// The oldest queued events in delivery order (never the leased ones), for the next batch.
     /// A row whose body does not open with its key (damaged on disk) is moved to the
-    /// quarantine as `undecryptable` instead, and counted for [`Store::take_undecryptable`].
+    /// quarantine as `undecryptable` instead, and counted for [`Store::take_undecryptable`];
+    /// when that move fails (a full disk), the row stays where it is, passed over, and the
+    /// rows that opened are still the batch: thrown away with the move, they would let newer
+    /// events in memory go first. A later read moves it.
     /// What [`Store::read_ahead`] read while the last batch was on the wire is taken instead
     /// of reading again when nothing has changed since (read_ahead.rs).
     pub fn oldest(&self, limit: usize) -> Result<Vec<QueuedEvent>> {
@@ -41,8 +44,13 @@ impl Store {
             let mut frontier = lock(&self.frontier);
             self.read_oldest(&conn, limit, Some(&mut frontier))?
         };
-        if !unreadable.is_empty() {
-            self.quarantine_undecryptable(unreadable)?;
+        if !unreadable.is_empty()
+            && let Err(e) = self.quarantine_undecryptable(unreadable)
+        {
+            tracing::warn!(
+                error = %e,
+                "could not move undecryptable events to the quarantine; they stay queued, passed over, until a later read"
+            );
         }
         Ok(out)
     }

@@ -47,7 +47,7 @@ fn main() -> ExitCode {
     match run(&params, None) {
         Ok(r) => {
             println!(
-                "seed {:#x}: {} device-hours, {} events, {} requests, {} faults, {} crashes, {} restarts in {:.1} s; trace {:016x}",
+                "seed {:#x}: {} device-hours, {} events, {} requests, {} faults, {} crashes, {} restarts, {} sealed rows damaged ({} found quarantined as undecryptable) in {:.1} s; trace {:016x}",
                 params.seed,
                 r.device_hours,
                 r.figures.events,
@@ -55,6 +55,8 @@ fn main() -> ExitCode {
                 r.figures.faults,
                 r.figures.crashes,
                 r.figures.restarts,
+                r.figures.damaged,
+                r.figures.undecryptable,
                 r.wall.as_secs_f64(),
                 r.hash
             );

@@ -95,6 +95,13 @@ pub enum Step {
     Overloaded {
         ms: u64,
     },
+    /// The app's next release rotates the store's key: `shutdown()`, then open again with a
+    /// new key first in `encryption_keys` and the old ones after it (docs/encryption.md
+    /// §Rotation). On a device that stored in plain text, the release adds encryption.
+    Rekey,
+    /// The process dies and, before it starts again, one byte of the stored body of one sealed
+    /// queued row changes on disk (flash gone bad): the row no longer opens with its key.
+    Damage,
 }
 
 /// Steps at their simulated times (ms since the run began), in time order.
@@ -158,7 +165,16 @@ pub fn draw_overloads(rng: &mut fastrand::Rng, hours: u64) -> Plan {
     })
 }
 
-/// A step for the moment between a take and its send.
+/// Keys and the damage they reveal, from their own stream (the other streams' steps stay as
+/// they were): about one every three hours, a rotation one time in three, else a damaged row
+/// (nothing to damage on a device that stores in plain text: a crash alone).
+pub fn draw_keys(rng: &mut fastrand::Rng, hours: u64) -> Plan {
+    stream(rng, hours, 1..=6 * HOUR_MS, |rng| match rng.u32(0..3) {
+        0 => Step::Rekey,
+        _ => Step::Damage,
+    })
+}
+
 /// Any of the seam steps of [`draw_at_take`], one or two, while a request is on the wire: a
 /// stream of its own, so the other streams' steps stay as they were; about one every half
 /// hour.
@@ -169,6 +185,7 @@ pub fn draw_on_wire_any(rng: &mut fastrand::Rng, hours: u64) -> Plan {
     })
 }
 
+/// A step for the moment between a take and its send.
 fn at_take(rng: &mut fastrand::Rng) -> Step {
     match rng.u32(0..100) {
         // A "no" lasts until the plan's next "yes" (hours): rarer here than the rest.

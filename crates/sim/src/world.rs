@@ -108,7 +108,9 @@ pub fn plan_of(params: &Params, idx: usize) -> Plan {
         plan::draw_on_wire(&mut on_wire, params.hours),
     );
     let mut on_wire_any = fastrand::Rng::with_seed(seed ^ 0x6f6e_7732);
-    plan::merge(plan, plan::draw_on_wire_any(&mut on_wire_any, params.hours))
+    let plan = plan::merge(plan, plan::draw_on_wire_any(&mut on_wire_any, params.hours));
+    let mut keys = fastrand::Rng::with_seed(seed ^ 0x6b65_7973);
+    plan::merge(plan, plan::draw_keys(&mut keys, params.hours))
 }
 
 /// Where the stores of a run live: `EVENTSPOOL_SIM_DIR`, else /dev/shm when there is one (the
@@ -169,6 +171,8 @@ pub fn run(params: &Params, plan: Option<Plan>) -> Result<Report, Failure> {
         report.figures.faults += f.faults;
         report.figures.crashes += f.crashes;
         report.figures.restarts += f.restarts;
+        report.figures.damaged += f.damaged;
+        report.figures.undecryptable += f.undecryptable;
     }
     report.hash = hasher.finish();
     Ok(report)

@@ -82,6 +82,13 @@ const FOUND: &[(u64, usize, u64, usize, &str)] = &[
         79,
         "the open after a crash wrote a batch's owed counts and left the WAL past the cap",
     ),
+    (
+        0x5eed_0005,
+        80,
+        25,
+        30,
+        "a damaged row the full disk kept from the quarantine threw the read away: memory went first",
+    ),
 ];
 
 #[test]
@@ -161,17 +168,21 @@ fn a_fleet_keeps_every_promise() {
                 total.faults += r.figures.faults;
                 total.crashes += r.figures.crashes;
                 total.restarts += r.figures.restarts;
+                total.damaged += r.figures.damaged;
+                total.undecryptable += r.figures.undecryptable;
             }
             Err(f) => panic!("{f}"),
         }
     }
     println!(
-        "simulated {hours_done} device-hours in {runs} runs of {devices} devices: {} events, {} requests, {} store faults, {} crashes, {} restarts in {:.1} s of wall time",
+        "simulated {hours_done} device-hours in {runs} runs of {devices} devices: {} events, {} requests, {} store faults, {} crashes, {} restarts, {} sealed rows damaged ({} found quarantined as undecryptable) in {:.1} s of wall time",
         total.events,
         total.requests,
         total.faults,
         total.crashes,
         total.restarts,
+        total.damaged,
+        total.undecryptable,
         started.elapsed().as_secs_f64()
     );
 }

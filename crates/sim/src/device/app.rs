@@ -43,6 +43,7 @@ impl Device {
             redriven: false,
             exposed: false,
             denied: false,
+            damaged: false,
         });
         self.tracked += 1;
         self.figures.events += 1;
@@ -94,10 +95,9 @@ impl Device {
         // Before the handle is borrowed for the step: a crash must drop the last one.
         match s {
             Step::Restart => return self.restart(),
-            Step::Crash => {
-                self.crash();
-                return Ok(());
-            }
+            Step::Crash => return self.crash(),
+            Step::Rekey => return self.rekey(),
+            Step::Damage => return self.damage(),
             Step::AtTake(verb) => {
                 if self.at_take.is_none() {
                     self.at_take = Some((**verb).clone());
@@ -231,7 +231,12 @@ impl Device {
                     self.pause_hold = None;
                 }
             }
-            Step::Restart | Step::Crash | Step::AtTake(_) | Step::OnWire(_) => {}
+            Step::Restart
+            | Step::Crash
+            | Step::Rekey
+            | Step::Damage
+            | Step::AtTake(_)
+            | Step::OnWire(_) => {}
             Step::SkewWall(ms) => self.clock.skew_wall(*ms),
             Step::Partition { ms } => self.partition_until = self.now() + ms,
             Step::RefuseBodies { ms } => self.refuse_until = self.now() + ms,

@@ -81,6 +81,11 @@ impl Device {
                     "event {idx}, tracked before a denial, went out in a request that started after it"
                 ));
             }
+            if ev.damaged {
+                return Err(format!(
+                    "event {idx}, whose sealed row was damaged on disk, went out in a request (its payload cannot open)"
+                ));
+            }
             let lane = usize::from(ev.critical);
             if !ev.sent && !ev.redriven {
                 if let Some((prev, _)) = first_ts[lane]

@@ -12,6 +12,7 @@ use eventspool::{Config, Consent, DeliveryState, Durability, EventSpool, StoreFa
 mod app;
 mod exchange;
 mod heal;
+mod keys;
 mod observer;
 mod oracle;
 
@@ -55,6 +56,9 @@ struct Ev {
     /// Tracked before a denial: no request that starts after it may carry it (the one on the
     /// wire then may finish), whatever the app says later (README §Consent).
     denied: bool,
+    /// Its sealed row was damaged on disk: its payload no longer opens, so no request may
+    /// carry it again (docs/encryption.md: it goes to the quarantine as `undecryptable`).
+    damaged: bool,
 }
 
 /// The figures of a run.
@@ -65,6 +69,10 @@ pub struct Figures {
     pub faults: u64,
     pub crashes: u64,
     pub restarts: u64,
+    /// Sealed rows damaged on disk, and those of them the audit found quarantined as
+    /// `undecryptable`.
+    pub damaged: u64,
+    pub undecryptable: u64,
 }
 
 pub struct Device {
@@ -143,6 +151,8 @@ pub struct Device {
     tick: u64,
     /// Dead letters a purge (the app's or a directive's) may have deleted.
     purgeable: HashSet<String>,
+    /// Encryption at rest: the keys, and which events were tracked while the store sealed.
+    sealing: keys::Sealing,
     pub figures: Figures,
     pub trace: crate::trace::Trace,
 }
@@ -180,6 +190,9 @@ impl Device {
         config.compression = eventspool::Compression::None;
         config.max_event_age_ms = 3 * 24 * HOUR_MS;
         config.quarantine_max_events = 500;
+        // From its own stream: the other draws of a seed stay as they were.
+        let sealing = keys::Sealing::draw(seed);
+        config.encryption_keys = sealing.keys();
         let net = fastrand::Rng::with_seed(seed ^ 0x6e65_7477_6f72_6b00);
         Device {
             idx,
@@ -239,6 +252,7 @@ impl Device {
             checks: 0,
             tick: 0,
             purgeable: HashSet::new(),
+            sealing,
             figures: Figures::default(),
             trace: crate::trace::Trace::default(),
         }
@@ -489,12 +503,20 @@ impl Device {
             self.add_drops();
             self.spool = None;
         }
+        self.scan_sealed()?;
         self.open();
         Ok(())
     }
 
-    /// The process dies between any two steps.
-    fn crash(&mut self) {
+    /// The process dies between any two steps, and starts again.
+    fn crash(&mut self) -> Result<(), Finding> {
+        self.die()?;
+        self.open();
+        Ok(())
+    }
+
+    /// The process dies: no shutdown, memory lost; the files are as it left them.
+    fn die(&mut self) -> Result<(), Finding> {
         self.figures.crashes += 1;
         self.add_drops();
         self.stepper = None;
@@ -502,7 +524,7 @@ impl Device {
             spool.crash();
         }
         self.expose_all();
-        self.open();
+        self.scan_sealed()
     }
 
     pub fn trace_lines(&self) -> Vec<String> {

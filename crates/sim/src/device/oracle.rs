@@ -3,7 +3,6 @@
 //! and the collector say.
 
 use std::collections::HashSet;
-use std::io::Read;
 
 use eventspool::{DeliveryState, ListFilter};
 
@@ -110,6 +109,11 @@ impl Device {
                 self.config.max_disk_bytes
             ));
         }
+        // A sealed store's files read through every 64th check (and at every restart): the
+        // costliest check of all.
+        if self.checks.is_multiple_of(64) {
+            self.scan_sealed()?;
+        }
         Ok(())
     }
 
@@ -124,36 +128,10 @@ impl Device {
             .iter()
             .flat_map(|f| f.carried.iter().copied())
             .collect();
-        for entry in std::fs::read_dir(&self.dir).map_err(|e| e.to_string())? {
-            let path = entry.map_err(|e| e.to_string())?.path();
-            let mut bytes = Vec::new();
-            if std::fs::File::open(&path)
-                .and_then(|mut f| f.read_to_end(&mut bytes))
-                .is_err()
-            {
-                continue;
-            }
-            let marker = b"SIMPAYLOAD-";
-            let mut at = 0;
-            while let Some(pos) = find(&bytes[at..], marker) {
-                let start = at + pos + marker.len();
-                let digits: String = bytes[start..]
-                    .iter()
-                    .take_while(|b| b.is_ascii_digit())
-                    .map(|b| *b as char)
-                    .collect();
-                at = start;
-                if let Ok(idx) = digits.parse::<usize>()
-                    && !in_flight.contains(&idx)
-                {
-                    return Err(format!(
-                        "after set_consent(Denied) returned, {} still holds the payload of event {idx}",
-                        path.file_name().unwrap_or_default().to_string_lossy()
-                    ));
-                }
-            }
-        }
-        Ok(())
+        self.scan_files(|idx| !in_flight.contains(&idx))
+            .map_err(|(file, idx)| {
+                format!("after set_consent(Denied) returned, {file} still holds the payload of event {idx}")
+            })
     }
 
     /// Every event the app tracked is delivered, quarantined, or was dropped with its id named
@@ -163,12 +141,27 @@ impl Device {
         let Some(spool) = self.spool.clone() else {
             return Err("the store never opened again after the disk healed".into());
         };
-        let quarantined: HashSet<String> = spool
+        let listed = spool
             .quarantine_list(&ListFilter::default())
-            .map_err(|e| format!("quarantine_list: {e}"))?
-            .into_iter()
-            .map(|q| q.event_id)
-            .collect();
+            .map_err(|e| format!("quarantine_list: {e}"))?;
+        // A damaged row's payload is lost: quarantined, it is there as `undecryptable`.
+        for q in &listed {
+            let Some(&idx) = self.by_id.get(&q.event_id) else {
+                continue;
+            };
+            if !self.events[idx].damaged {
+                continue;
+            }
+            if q.reason != "undecryptable" {
+                return Err(format!(
+                    "event {idx}, whose sealed row was damaged on disk, is quarantined as {:?}, not undecryptable",
+                    q.reason
+                ));
+            }
+            self.figures.undecryptable += 1;
+        }
+        let quarantined: HashSet<String> = listed.into_iter().map(|q| q.event_id).collect();
+        self.scan_sealed()?;
         self.add_drops();
         let heard = lock(&self.heard);
         // Drops counted without naming ids (the disk cap, memory overflow, sampling): each may
@@ -206,8 +199,4 @@ impl Device {
             self.drops_counted += n;
         }
     }
-}
-
-fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).position(|w| w == needle)
 }

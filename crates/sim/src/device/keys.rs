@@ -1,0 +1,205 @@
+//! Encryption at rest on a device (docs/encryption.md): whether its store seals, the keys the
+//! app supplies and rotates, a row damaged on disk while the process is down, and the check
+//! that a sealed store never writes an event's payload in plain text.
+
+use std::io::Read;
+
+use eventspool::EncryptionKeys;
+
+use super::{Device, Finding};
+
+/// The payload marker every simulated event carries (`Device::payload`), followed by its index.
+pub(super) const MARKER: &[u8] = b"SIMPAYLOAD-";
+
+/// How a device's app treats encryption over the run, drawn from the keys stream of its seed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    /// Never supplies keys.
+    Plain,
+    /// Seals from the first open.
+    Sealed,
+    /// Stores in plain text until its first [`crate::plan::Step::Rekey`] adds a key.
+    AddsKey,
+}
+
+pub(super) struct Sealing {
+    kind: Kind,
+    /// The keys of `encryption_keys`, the current one first.
+    keys: Vec<(u32, [u8; 32])>,
+    /// Events from this index on were tracked while the store sealed: none of their payload
+    /// may be in its files in plain text.
+    from: Option<usize>,
+    seed: u64,
+    /// Which row a damage hits.
+    rng: fastrand::Rng,
+    /// Rows damaged before: damaged again the same way, a row would open again.
+    damaged: std::collections::HashSet<i64>,
+}
+
+impl Sealing {
+    pub(super) fn draw(seed: u64) -> Sealing {
+        let mut rng = fastrand::Rng::with_seed(seed ^ 0x6b65_795f_6b69_6e64);
+        let kind = match rng.u32(0..4) {
+            0 => Kind::Sealed,
+            1 => Kind::AddsKey,
+            _ => Kind::Plain,
+        };
+        let mut sealing = Sealing {
+            kind,
+            keys: Vec::new(),
+            from: None,
+            seed,
+            rng,
+            damaged: Default::default(),
+        };
+        if kind == Kind::Sealed {
+            sealing.add_key(0);
+        }
+        sealing
+    }
+
+    pub(super) fn keys(&self) -> EncryptionKeys {
+        EncryptionKeys::new(self.keys.iter().copied())
+    }
+
+    pub(super) fn sealed(&self) -> bool {
+        !self.keys.is_empty()
+    }
+
+    /// A new current key, the old ones kept (rows sealed with them stay readable).
+    fn add_key(&mut self, tracked: usize) {
+        let id = self.keys.first().map_or(1, |(id, _)| id + 1);
+        let mut r = fastrand::Rng::with_seed(self.seed ^ u64::from(id));
+        let key = std::array::from_fn(|_| r.u8(..));
+        self.keys.insert(0, (id, key));
+        self.from.get_or_insert(tracked);
+    }
+}
+
+impl Device {
+    /// [`crate::plan::Step::Rekey`]: a release that rotates the key (or adds the first one)
+    /// restarts the app with it.
+    pub(super) fn rekey(&mut self) -> Result<(), Finding> {
+        if self.sealing.kind == Kind::Plain {
+            return Ok(());
+        }
+        self.sealing.add_key(self.events.len());
+        self.config.encryption_keys = self.sealing.keys();
+        self.trace.line(
+            self.now(),
+            format_args!(
+                "encryption_keys now {:?}",
+                self.config.encryption_keys.ids()
+            ),
+        );
+        self.restart()
+    }
+
+    /// [`crate::plan::Step::Damage`]: the process dies, and one byte of a sealed queued row's
+    /// body changes on disk before it starts again.
+    pub(super) fn damage(&mut self) -> Result<(), Finding> {
+        if !self.sealing.sealed() {
+            return Ok(());
+        }
+        self.die()?;
+        match self.damage_a_row() {
+            Ok(Some((seq, id))) => {
+                // By index: an event id has random bits, the trace must not.
+                let idx = self.by_id.get(&id).copied();
+                self.trace.line(
+                    self.now(),
+                    format_args!("damaged row {seq} (event {idx:?})"),
+                );
+                self.figures.damaged += 1;
+                if let Some(idx) = idx {
+                    self.events[idx].damaged = true;
+                }
+            }
+            Ok(None) => {}
+            Err(e) => return Err(format!("could not damage a row of the store: {e}")),
+        }
+        self.open();
+        Ok(())
+    }
+
+    /// Changes one byte in the middle of the body of one sealed queued row, picked by the
+    /// device's own generator in seq order, through a connection of its own (the spool is
+    /// closed); then empties the WAL again, as the closed spool left it. Returns the row.
+    fn damage_a_row(&mut self) -> rusqlite::Result<Option<(i64, String)>> {
+        if !self.db.exists() {
+            return Ok(None);
+        }
+        let conn = rusqlite::Connection::open(&self.db)?;
+        let sealed: Vec<(i64, String)> = conn
+            .prepare("SELECT seq, event_id FROM events WHERE key_id != 0 ORDER BY seq")?
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+            .filter(|row| {
+                row.as_ref()
+                    .map_or(true, |(seq, _)| !self.sealing.damaged.contains(seq))
+            })
+            .collect::<rusqlite::Result<_>>()?;
+        if sealed.is_empty() {
+            return Ok(None);
+        }
+        let (seq, id) = sealed[self.sealing.rng.usize(0..sealed.len())].clone();
+        self.sealing.damaged.insert(seq);
+        let mut body: Vec<u8> =
+            conn.query_row("SELECT body FROM events WHERE seq = ?1", [seq], |r| {
+                r.get(0)
+            })?;
+        let at = body.len() / 2;
+        body[at] ^= 0x5a;
+        conn.execute(
+            "UPDATE events SET body = ?2 WHERE seq = ?1",
+            rusqlite::params![seq, body],
+        )?;
+        conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
+        Ok(Some((seq, id)))
+    }
+
+    /// A sealed store's files hold no payload of an event tracked while it sealed, in plain
+    /// text (docs/encryption.md: every payload the store writes is sealed).
+    pub(super) fn scan_sealed(&self) -> Result<(), Finding> {
+        let Some(from) = self.sealing.from else {
+            return Ok(());
+        };
+        self.scan_files(|idx| idx >= from).map_err(|(file, idx)| {
+            format!(
+                "{file} holds the payload of event {idx} in plain text, tracked while the store sealed (from event {from} on)"
+            )
+        })
+    }
+
+    /// The first payload marker in the device's files whose event `hit` says must not be
+    /// there: (file name, event index).
+    pub(super) fn scan_files(&self, hit: impl Fn(usize) -> bool) -> Result<(), (String, usize)> {
+        let Ok(dir) = std::fs::read_dir(&self.dir) else {
+            return Ok(());
+        };
+        let finder = memchr::memmem::Finder::new(MARKER);
+        for entry in dir.flatten() {
+            let path = entry.path();
+            let mut bytes = Vec::new();
+            if std::fs::File::open(&path)
+                .and_then(|mut f| f.read_to_end(&mut bytes))
+                .is_err()
+            {
+                continue;
+            }
+            for pos in finder.find_iter(&bytes) {
+                let digits: String = bytes[pos + MARKER.len()..]
+                    .iter()
+                    .take_while(|b| b.is_ascii_digit())
+                    .map(|b| *b as char)
+                    .collect();
+                if let Ok(idx) = digits.parse::<usize>()
+                    && hit(idx)
+                {
+                    let name = path.file_name().unwrap_or_default().to_string_lossy();
+                    return Err((name.into_owned(), idx));
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -100,7 +100,8 @@ pub enum Step {
     /// §Rotation). On a device that stored in plain text, the release adds encryption.
     Rekey,
     /// The process dies and, before it starts again, one byte of the stored body of one sealed
-    /// queued row changes on disk (flash gone bad): the row no longer opens with its key.
+    /// row, queued or dead letter, changes on disk (flash gone bad): the row no longer opens
+    /// with its key.
     Damage,
 }
 

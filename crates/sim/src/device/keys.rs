@@ -32,8 +32,8 @@ pub(super) struct Sealing {
     seed: u64,
     /// Which row a damage hits.
     rng: fastrand::Rng,
-    /// Rows damaged before: damaged again the same way, a row would open again.
-    damaged: std::collections::HashSet<i64>,
+    /// Rows damaged before (by event id): damaged again the same way, a row would open again.
+    damaged: std::collections::HashSet<String>,
 }
 
 impl Sealing {
@@ -95,20 +95,20 @@ impl Device {
         self.restart()
     }
 
-    /// [`crate::plan::Step::Damage`]: the process dies, and one byte of a sealed queued row's
-    /// body changes on disk before it starts again.
+    /// [`crate::plan::Step::Damage`]: the process dies, and one byte of the body of a sealed
+    /// row, queued or dead letter, changes on disk before it starts again.
     pub(super) fn damage(&mut self) -> Result<(), Finding> {
         if !self.sealing.sealed() {
             return Ok(());
         }
         self.die()?;
         match self.damage_a_row() {
-            Ok(Some((seq, id))) => {
+            Ok(Some((table, id))) => {
                 // By index: an event id has random bits, the trace must not.
                 let idx = self.by_id.get(&id).copied();
                 self.trace.line(
                     self.now(),
-                    format_args!("damaged row {seq} (event {idx:?})"),
+                    format_args!("damaged a row of {table}: event {idx:?}"),
                 );
                 self.figures.damaged += 1;
                 if let Some(idx) = idx {
@@ -122,39 +122,47 @@ impl Device {
         Ok(())
     }
 
-    /// Changes one byte in the middle of the body of one sealed queued row, picked by the
-    /// device's own generator in seq order, through a connection of its own (the spool is
-    /// closed); then empties the WAL again, as the closed spool left it. Returns the row.
-    fn damage_a_row(&mut self) -> rusqlite::Result<Option<(i64, String)>> {
+    /// Changes one byte in the middle of the body of one sealed row, queued or dead letter,
+    /// picked by the device's own generator (queued rows in seq order, then dead letters in
+    /// the order they came), through a connection of its own (the spool is closed); then
+    /// empties the WAL again, as the closed spool left it. Returns the table and the event id.
+    fn damage_a_row(&mut self) -> rusqlite::Result<Option<(&'static str, String)>> {
         if !self.db.exists() {
             return Ok(None);
         }
         let conn = rusqlite::Connection::open(&self.db)?;
-        let sealed: Vec<(i64, String)> = conn
-            .prepare("SELECT seq, event_id FROM events WHERE key_id != 0 ORDER BY seq")?
-            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
-            .filter(|row| {
-                row.as_ref()
-                    .map_or(true, |(seq, _)| !self.sealing.damaged.contains(seq))
-            })
-            .collect::<rusqlite::Result<_>>()?;
+        let mut sealed: Vec<(&'static str, String)> = Vec::new();
+        for (table, order) in [("events", "seq"), ("quarantine", "quarantined_seq")] {
+            let ids: Vec<String> = conn
+                .prepare(&format!(
+                    "SELECT event_id FROM {table} WHERE key_id != 0 ORDER BY {order}"
+                ))?
+                .query_map([], |r| r.get(0))?
+                .collect::<rusqlite::Result<_>>()?;
+            sealed.extend(
+                ids.into_iter()
+                    .filter(|id| !self.sealing.damaged.contains(id))
+                    .map(|id| (table, id)),
+            );
+        }
         if sealed.is_empty() {
             return Ok(None);
         }
-        let (seq, id) = sealed[self.sealing.rng.usize(0..sealed.len())].clone();
-        self.sealing.damaged.insert(seq);
-        let mut body: Vec<u8> =
-            conn.query_row("SELECT body FROM events WHERE seq = ?1", [seq], |r| {
-                r.get(0)
-            })?;
+        let (table, id) = sealed[self.sealing.rng.usize(0..sealed.len())].clone();
+        self.sealing.damaged.insert(id.clone());
+        let mut body: Vec<u8> = conn.query_row(
+            &format!("SELECT body FROM {table} WHERE event_id = ?1"),
+            [&id],
+            |r| r.get(0),
+        )?;
         let at = body.len() / 2;
         body[at] ^= 0x5a;
         conn.execute(
-            "UPDATE events SET body = ?2 WHERE seq = ?1",
-            rusqlite::params![seq, body],
+            &format!("UPDATE {table} SET body = ?2 WHERE event_id = ?1"),
+            rusqlite::params![id, body],
         )?;
         conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
-        Ok(Some((seq, id)))
+        Ok(Some((table, id)))
     }
 
     /// A sealed store's files hold no payload of an event tracked while it sealed, in plain

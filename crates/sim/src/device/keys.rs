@@ -2,14 +2,9 @@
 //! app supplies and rotates, a row damaged on disk while the process is down, and the check
 //! that a sealed store never writes an event's payload in plain text.
 
-use std::io::Read;
-
 use eventspool::EncryptionKeys;
 
 use super::{Device, Finding};
-
-/// The payload marker every simulated event carries (`Device::payload`), followed by its index.
-pub(super) const MARKER: &[u8] = b"SIMPAYLOAD-";
 
 /// How a device's app treats encryption over the run, drawn from the keys stream of its seed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -176,38 +171,5 @@ impl Device {
                 "{file} holds the payload of event {idx} in plain text, tracked while the store sealed (from event {from} on)"
             )
         })
-    }
-
-    /// The first payload marker in the device's files whose event `hit` says must not be
-    /// there: (file name, event index).
-    pub(super) fn scan_files(&self, hit: impl Fn(usize) -> bool) -> Result<(), (String, usize)> {
-        let Ok(dir) = std::fs::read_dir(&self.dir) else {
-            return Ok(());
-        };
-        let finder = memchr::memmem::Finder::new(MARKER);
-        for entry in dir.flatten() {
-            let path = entry.path();
-            let mut bytes = Vec::new();
-            if std::fs::File::open(&path)
-                .and_then(|mut f| f.read_to_end(&mut bytes))
-                .is_err()
-            {
-                continue;
-            }
-            for pos in finder.find_iter(&bytes) {
-                let digits: String = bytes[pos + MARKER.len()..]
-                    .iter()
-                    .take_while(|b| b.is_ascii_digit())
-                    .map(|b| *b as char)
-                    .collect();
-                if let Ok(idx) = digits.parse::<usize>()
-                    && hit(idx)
-                {
-                    let name = path.file_name().unwrap_or_default().to_string_lossy();
-                    return Err((name.into_owned(), idx));
-                }
-            }
-        }
-        Ok(())
     }
 }

@@ -11,6 +11,7 @@ use eventspool::{Config, Consent, DeliveryState, Durability, EventSpool, StoreFa
 
 mod app;
 mod exchange;
+mod files;
 mod heal;
 mod keys;
 mod observer;

@@ -118,7 +118,8 @@ impl Device {
     }
 
     /// After `set_consent(Denied)` returned: no byte of an event's payload in the store's files,
-    /// except those of the batch on the wire (it may finish).
+    /// and no event id (in the clear in every row, sealed store or not: the file keeps none of
+    /// the events' bytes), except those of the batch on the wire (it may finish).
     pub(super) fn scan_after_denial(&mut self) -> Result<(), Finding> {
         if self.faults.armed() {
             return Ok(());
@@ -131,6 +132,12 @@ impl Device {
         self.scan_files(|idx| !in_flight.contains(&idx))
             .map_err(|(file, idx)| {
                 format!("after set_consent(Denied) returned, {file} still holds the payload of event {idx}")
+            })?;
+        self.scan_ids(|idx| !in_flight.contains(&idx))
+            .map_err(|(file, idx)| {
+                format!(
+                    "after set_consent(Denied) returned, {file} still holds the id of event {idx}"
+                )
             })
     }
 

@@ -186,6 +186,9 @@ impl Device {
                 self.said_no();
                 // Only a denial that returned Ok claims the wipe.
                 if done && *c == Consent::Denied {
+                    if let Some(f) = self.flight.as_mut() {
+                        f.spared = true;
+                    }
                     self.scan_after_denial()?;
                 }
                 self.fresh_start();

@@ -28,6 +28,9 @@ pub(super) struct Flight {
     pub(super) carried: Vec<usize>,
     /// Events a 2xx read whole lists as `rejected` (the SDK quarantines each).
     pub(super) rejected: Vec<usize>,
+    /// A denial returned Ok while it was on the wire: what does not come back delivered is
+    /// deleted as the denial deletes (README §Consent).
+    pub(super) spared: bool,
 }
 
 impl Device {
@@ -251,13 +254,24 @@ impl Device {
             },
             answer,
             carried,
+            spared: false,
         });
         Ok(())
     }
 
     /// The answer reaches the device (unless the worker gave the attempt up meanwhile).
     pub(super) fn land(&mut self, f: Flight) -> Result<(), Finding> {
-        if lock(&f.slot).gone {
+        let gone = lock(&f.slot).gone;
+        if f.spared {
+            // Given up (a crash, a timeout) or answered: what the device did not read as
+            // delivered must be gone from the files once the worker has settled.
+            self.spared_back = Some(match f.acked {
+                0 => f.carried.clone(),
+                _ if gone => f.carried.clone(),
+                _ => f.rejected.clone(),
+            });
+        }
+        if gone {
             return Ok(());
         }
         let now = self.now();

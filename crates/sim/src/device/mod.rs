@@ -134,6 +134,9 @@ pub struct Device {
     at_take: Option<Step>,
     /// Steps waiting for the next request on the wire ([`Step::OnWire`]).
     on_wire: Option<Vec<Step>>,
+    /// The events of a request a denial spared on the wire that did not come back delivered:
+    /// checked gone from the files once the worker has settled.
+    spared_back: Option<Vec<usize>>,
     /// Something happened to the device since it last settled (a step, an answer, the heal):
     /// see [`Device::wants_settle`].
     dirty: bool,
@@ -244,6 +247,7 @@ impl Device {
             frontier: [(i64::MIN, 0, 0); 2],
             at_take: None,
             on_wire: None,
+            spared_back: None,
             dirty: true,
             probe: Probe::Off,
             probe_since: 0,

@@ -97,6 +97,7 @@ impl Device {
                 ));
             }
         }
+        self.scan_spared_back()?;
         // The files' sizes every 8th check: two stat calls each, the most costly check.
         self.checks += 1;
         if !self.checks.is_multiple_of(8) {
@@ -139,6 +140,32 @@ impl Device {
                     "after set_consent(Denied) returned, {file} still holds the id of event {idx}"
                 )
             })
+    }
+
+    /// Once the worker has settled after the answer (or the end) of a request a denial spared
+    /// on the wire: none of the bytes of its events that did not come back delivered, nor their
+    /// ids, are in the store's files (README §Consent: deleted as the denial deletes).
+    pub(super) fn scan_spared_back(&mut self) -> Result<(), Finding> {
+        let Some(back) = self.spared_back.take() else {
+            return Ok(());
+        };
+        if self.faults.armed() || self.store_faulted {
+            return Ok(());
+        }
+        let back: HashSet<usize> = back.into_iter().collect();
+        let on_wire: HashSet<usize> = self
+            .flight
+            .iter()
+            .flat_map(|f| f.carried.iter().copied())
+            .collect();
+        let hit = |idx: usize| back.contains(&idx) && !on_wire.contains(&idx);
+        let said = |what: &str, (file, idx): (String, usize)| {
+            format!(
+                "event {idx} of a request a denial spared on the wire came back undelivered, and {file} still holds its {what}"
+            )
+        };
+        self.scan_files(hit).map_err(|e| said("payload", e))?;
+        self.scan_ids(hit).map_err(|e| said("id", e))
     }
 
     /// Every event the app tracked is delivered, quarantined, or was dropped with its id named

@@ -195,7 +195,7 @@ impl Queue {
     /// Records consent in the store (nothing without one), so it holds after a restart.
     pub fn store_consent(&self, consent: crate::Consent) -> Result<()> {
         match &self.store {
-            Some(store) => store.set_meta(store::meta::CONSENT, consent.as_str()),
+            Some(store) => store.set_meta_synced(store::meta::CONSENT, consent.as_str()),
             None => Ok(()),
         }
     }
@@ -213,7 +213,7 @@ impl Queue {
     /// Records the opt-out in the store (nothing without one), so it holds after a restart.
     pub fn store_enabled(&self, enabled: bool) -> Result<()> {
         match &self.store {
-            Some(store) => store.set_meta(store::meta::ENABLED, &enabled.to_string()),
+            Some(store) => store.set_meta_synced(store::meta::ENABLED, &enabled.to_string()),
             None => Ok(()),
         }
     }

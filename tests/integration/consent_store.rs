@@ -749,3 +749,45 @@ fn events_after_an_open_that_deleted_a_spared_batch_skip_the_ordering_index() {
         "{indexed} of the 10 events tracked in order after the restart went into the ordering index"
     );
 }
+
+/// The answers that stop delivery are recorded so that they hold after a restart (README
+/// §Consent). A restart after a power cut is one: SQLite keeps what was written after a file's
+/// last sync only if the power stays on, and the store commits with `synchronous = NORMAL`,
+/// which syncs the WAL only at checkpoints. So each "no" must be synced before its verb
+/// returns, or the spool could open after the cut as if the user had never said it.
+#[test]
+fn each_no_is_synced_to_disk_before_its_verb_returns() {
+    let collector = collector();
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = eventspool::Config::new(collector.url());
+    c.db_path = Some(dir.path().join("events.db"));
+    let faults = eventspool::StoreFaults::new();
+    let spool = EventSpool::builder(c)
+        .clock(instant_clock())
+        .store_faults(faults.clone())
+        .start_offline()
+        .open()
+        .unwrap();
+    let mut unsynced = Vec::new();
+    type Verb = fn(&EventSpool) -> eventspool::Result<()>;
+    let verbs: [(&str, Verb); 4] = [
+        ("set_enabled(false)", |s| s.set_enabled(false)),
+        ("set_enabled(true)", |s| s.set_enabled(true)),
+        ("set_consent(Pending)", |s| s.set_consent(Consent::Pending)),
+        ("set_consent(Denied)", |s| s.set_consent(Consent::Denied)),
+    ];
+    for (what, verb) in verbs {
+        // Written and committed, not synced: what a power cut may take back.
+        spool.track("e", json!({"n": 1})).ok();
+        spool.persist().ok();
+        verb(&spool).unwrap();
+        if what != "set_enabled(true)" {
+            unsynced.push((what, faults.unsynced_bytes()));
+        }
+    }
+    assert!(
+        unsynced.iter().all(|(_, bytes)| *bytes == 0),
+        "bytes written and not synced when the verb returned: {unsynced:?}"
+    );
+    spool.shutdown(Duration::from_secs(2)).unwrap();
+}

@@ -159,6 +159,10 @@ mod harness {
         injected: [u64; 3],
         rules: Vec<Rule>,
         disk: Option<FaultError>,
+        /// Bytes written to the database file and to the WAL since each was last synced: what
+        /// a power cut could take back (SQLite keeps a file's order of writes only up to its
+        /// last sync).
+        unsynced: [u64; 2],
     }
 
     /// Fails the operations of `site` numbered `first..=last` (counted since the store opened).
@@ -227,6 +231,12 @@ mod harness {
         pub fn armed(&self) -> bool {
             let s = self.plan.lock();
             s.disk.is_some() || s.rules.iter().any(|r| r.last > s.seen[r.site.index()])
+        }
+
+        /// Bytes the store wrote to its database file and its WAL and has not synced since: zero
+        /// means a power cut now would take back nothing it wrote.
+        pub fn unsynced_bytes(&self) -> u64 {
+            self.plan.lock().unsynced.iter().sum()
         }
 
         /// Queued rows the store still holds on disk only because a delete it owes them failed
@@ -349,6 +359,18 @@ mod harness {
         Database,
         Wal,
         Other,
+    }
+
+    impl Kind {
+        /// Where [`State::unsynced`] counts this file's writes (the shared-memory index and
+        /// temporary files hold nothing a power cut could lose).
+        fn synced_index(self) -> Option<usize> {
+            match self {
+                Kind::Database => Some(0),
+                Kind::Wal => Some(1),
+                Kind::Other => None,
+            }
+        }
     }
 
     /// The file SQLite holds: ours first (its methods are [`METHODS`]), the platform's right
@@ -499,7 +521,11 @@ mod harness {
                 return rc;
             }
         }
-        forward!(file, xWrite, ffi::SQLITE_IOERR_WRITE, buf, amount, offset)
+        let rc = forward!(file, xWrite, ffi::SQLITE_IOERR_WRITE, buf, amount, offset);
+        if let (ffi::SQLITE_OK, Some(i)) = (rc, kind.synced_index()) {
+            plan.lock().unsynced[i] += amount.max(0) as u64;
+        }
+        rc
     }
 
     unsafe extern "C" fn x_truncate(
@@ -510,7 +536,16 @@ mod harness {
     }
 
     unsafe extern "C" fn x_sync(file: *mut ffi::sqlite3_file, flags: c_int) -> c_int {
-        forward!(file, xSync, ffi::SQLITE_IOERR_FSYNC, flags)
+        let rc = forward!(file, xSync, ffi::SQLITE_IOERR_FSYNC, flags);
+        // SAFETY: `file` is ours (see `x_open`) and its plan outlives it.
+        let (kind, plan) = unsafe {
+            let ours = &*(file as *const FaultFile);
+            (ours.kind, &*ours.plan)
+        };
+        if let (ffi::SQLITE_OK, Some(i)) = (rc, kind.synced_index()) {
+            plan.lock().unsynced[i] = 0;
+        }
+        rc
     }
 
     unsafe extern "C" fn x_file_size(

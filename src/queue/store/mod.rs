@@ -344,6 +344,21 @@ impl Store {
         self.checkpoint_if_needed(&conn);
         Ok(())
     }
+
+    /// [`Store::set_meta`] for what the app decided that must hold after a power cut too (the
+    /// opt-out, consent): committed with the WAL synced ([`schema::SYNCED`]), so the verb that
+    /// writes it returns once it, and everything committed before it, is on the disk. One sync,
+    /// on a verb an app calls rarely.
+    pub fn set_meta_synced(&self, name: &str, value: &str) -> Result<()> {
+        let conn = self.conn();
+        conn.pragma_update(None, "synchronous", schema::SYNCED)?;
+        let written = write_meta(&conn, name, value);
+        let restored = conn.pragma_update(None, "synchronous", schema::SYNCHRONOUS);
+        self.checked(&conn, written.map_err(Error::from))?;
+        restored?;
+        self.checkpoint_if_needed(&conn);
+        Ok(())
+    }
 }
 
 /// The value named `name` in the `meta` table ([`meta`]), if any.

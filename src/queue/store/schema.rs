@@ -180,6 +180,14 @@ impl std::fmt::Display for Unusable {
 /// How long a statement waits for another connection's lock before it fails as busy.
 pub const BUSY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// How often the store syncs: `NORMAL`, in WAL mode at checkpoints only. A commit survives the
+/// process dying at once; a power cut can take back what was committed since the last
+/// checkpoint (never tear it: the WAL's checksums end it at a whole transaction). The writes
+/// that must survive that too are committed [`SYNCED`] ([`super::Store::set_meta_synced`]).
+pub const SYNCHRONOUS: &str = "NORMAL";
+/// The WAL synced with each commit: for the records a power cut must not take back.
+pub const SYNCED: &str = "FULL";
+
 pub fn configure(conn: &Connection, wal_limit_bytes: u64) -> rusqlite::Result<()> {
     conn.busy_timeout(BUSY_TIMEOUT)?;
     // Set only when it is not already: setting it writes the database header (a commit) even
@@ -189,7 +197,7 @@ pub fn configure(conn: &Connection, wal_limit_bytes: u64) -> rusqlite::Result<()
         conn.pragma_update(None, "auto_vacuum", "INCREMENTAL")?;
     }
     conn.query_row("PRAGMA journal_mode = WAL", [], |_| Ok(()))?;
-    conn.pragma_update(None, "synchronous", "NORMAL")?;
+    conn.pragma_update(None, "synchronous", SYNCHRONOUS)?;
     // Every delete and update zeroes what it frees inside the pages it writes anyway (FAST:
     // no page is written only to be wiped). Without it a row rewritten or deleted earlier (a
     // send count, an acknowledged event) leaves its old bytes in the page's free space, and a

@@ -233,10 +233,11 @@ mod harness {
             s.disk.is_some() || s.rules.iter().any(|r| r.last > s.seen[r.site.index()])
         }
 
-        /// Bytes the store wrote to its database file and its WAL and has not synced since: zero
-        /// means a power cut now would take back nothing it wrote.
-        pub fn unsynced_bytes(&self) -> u64 {
-            self.plan.lock().unsynced.iter().sum()
+        /// Bytes the store wrote to its database file and to its WAL, each since that file was
+        /// last synced: (0, 0) means a power cut now would take back nothing it wrote.
+        pub fn unsynced_bytes(&self) -> (u64, u64) {
+            let s = self.plan.lock();
+            (s.unsynced[0], s.unsynced[1])
         }
 
         /// Queued rows the store still holds on disk only because a delete it owes them failed

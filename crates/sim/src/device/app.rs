@@ -174,6 +174,7 @@ impl Device {
                 ..DeliveryConditions::default()
             }),
             Step::Consent(c) => {
+                let before = spool.consent();
                 let done = spool.set_consent(*c).is_ok();
                 // A denial whose deletion failed is still in force (README §Consent).
                 self.consent = spool.consent();
@@ -184,6 +185,11 @@ impl Device {
                     }
                 }
                 self.said_no();
+                // A record that did not change writes nothing, and was synced when it was
+                // written.
+                if done && *c != Consent::Granted && before != *c {
+                    self.synced_no(&format!("set_consent({c:?})"))?;
+                }
                 // Only a denial that returned Ok claims the wipe.
                 if done && *c == Consent::Denied {
                     if let Some(f) = self.flight.as_mut() {
@@ -195,6 +201,9 @@ impl Device {
             }
             Step::Enabled(on) => {
                 if spool.set_enabled(*on).is_ok() {
+                    if !*on && self.enabled {
+                        self.synced_no("set_enabled(false)")?;
+                    }
                     self.enabled = *on;
                 }
                 self.said_no();

@@ -118,6 +118,20 @@ impl Device {
         Ok(())
     }
 
+    /// After a "no" that changed the record returned Ok (`set_consent(Denied|Pending)`,
+    /// `set_enabled(false)`): no byte of the WAL is left unsynced, so a power cut cannot take the
+    /// answer back (README §Consent; the store's fault point counts the bytes). The database
+    /// file is not judged: SQLite writes it only in checkpoints, which sync the WAL first, so
+    /// what a failed checkpoint left unsynced there is still in the synced WAL.
+    pub(super) fn synced_no(&self, verb: &str) -> Result<(), Finding> {
+        match self.faults.unsynced_bytes() {
+            (_, 0) => Ok(()),
+            (_, wal) => Err(format!(
+                "{verb} returned Ok with {wal} bytes of the WAL not synced: a power cut could take the answer back"
+            )),
+        }
+    }
+
     /// After `set_consent(Denied)` returned: no byte of an event's payload in the store's files,
     /// and no event id (in the clear in every row, sealed store or not: the file keeps none of
     /// the events' bytes), except those of the batch on the wire (it may finish).

@@ -338,11 +338,7 @@ impl Store {
     }
 
     pub fn set_meta(&self, name: &str, value: &str) -> Result<()> {
-        let conn = self.conn();
-        let written = write_meta(&conn, name, value);
-        self.checked(&conn, written.map_err(Error::from))?;
-        self.checkpoint_if_needed(&conn);
-        Ok(())
+        self.put_meta(name, value, false)
     }
 
     /// [`Store::set_meta`] for what the app decided that must hold after a power cut too (the
@@ -350,10 +346,19 @@ impl Store {
     /// writes it returns once it, and everything committed before it, is on the disk. One sync,
     /// on a verb an app calls rarely.
     pub fn set_meta_synced(&self, name: &str, value: &str) -> Result<()> {
+        self.put_meta(name, value, true)
+    }
+
+    fn put_meta(&self, name: &str, value: &str, synced: bool) -> Result<()> {
         let conn = self.conn();
-        conn.pragma_update(None, "synchronous", schema::SYNCED)?;
+        if synced {
+            conn.pragma_update(None, "synchronous", schema::SYNCED)?;
+        }
         let written = write_meta(&conn, name, value);
-        let restored = conn.pragma_update(None, "synchronous", schema::SYNCHRONOUS);
+        let restored = match synced {
+            true => conn.pragma_update(None, "synchronous", schema::SYNCHRONOUS),
+            false => Ok(()),
+        };
         self.checked(&conn, written.map_err(Error::from))?;
         restored?;
         self.checkpoint_if_needed(&conn);

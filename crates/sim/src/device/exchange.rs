@@ -265,10 +265,9 @@ impl Device {
         if f.spared {
             // Given up (a crash, a timeout) or answered: what the device did not read as
             // delivered must be gone from the files once the worker has settled.
-            self.spared_back = Some(match f.acked {
-                0 => f.carried.clone(),
-                _ if gone => f.carried.clone(),
-                _ => f.rejected.clone(),
+            self.spared_back = Some(match gone || f.acked == 0 {
+                true => f.carried.clone(),
+                false => f.rejected.clone(),
             });
         }
         if gone {

@@ -3,6 +3,7 @@
 //! that promise bytes are gone (a denial) or never written in plain text (a sealed store) read
 //! them here.
 
+use std::collections::HashMap;
 use std::io::Read;
 
 use super::Device;
@@ -14,12 +15,14 @@ const MARKER: &[u8] = b"SIMPAYLOAD-";
 const UUID_LEN: usize = 36;
 const HYPHENS: [usize; 4] = [8, 13, 18, 23];
 
+/// The device's files as read once, by name: each scan below reads the same bytes.
+pub(super) struct Files(Vec<(String, Vec<u8>)>);
+
 impl Device {
-    /// Every file of the device's directory (the database, its WAL, anything else SQLite left),
-    /// by name.
-    fn files(&self) -> Vec<(String, Vec<u8>)> {
+    /// Every file of the device's directory (the database, its WAL, anything else SQLite left).
+    pub(super) fn files(&self) -> Files {
         let Ok(dir) = std::fs::read_dir(&self.dir) else {
-            return Vec::new();
+            return Files(Vec::new());
         };
         let mut out = Vec::new();
         for entry in dir.flatten() {
@@ -33,15 +36,17 @@ impl Device {
                 out.push((name.into_owned(), bytes));
             }
         }
-        out
+        Files(out)
     }
+}
 
-    /// The first payload marker in the device's files whose event `hit` says must not be
-    /// there: (file name, event index).
-    pub(super) fn scan_files(&self, hit: impl Fn(usize) -> bool) -> Result<(), (String, usize)> {
+impl Files {
+    /// The first payload marker whose event `hit` says must not be there: (file name, event
+    /// index).
+    pub(super) fn payload(&self, hit: impl Fn(usize) -> bool) -> Result<(), (String, usize)> {
         let finder = memchr::memmem::Finder::new(MARKER);
-        for (name, bytes) in self.files() {
-            for pos in finder.find_iter(&bytes) {
+        for (name, bytes) in &self.0 {
+            for pos in finder.find_iter(bytes) {
                 let digits: String = bytes[pos + MARKER.len()..]
                     .iter()
                     .take_while(|b| b.is_ascii_digit())
@@ -50,22 +55,26 @@ impl Device {
                 if let Ok(idx) = digits.parse::<usize>()
                     && hit(idx)
                 {
-                    return Err((name, idx));
+                    return Err((name.clone(), idx));
                 }
             }
         }
         Ok(())
     }
 
-    /// The first event id in the device's files whose event `hit` says must not be there:
-    /// (file name, event index). Only ids of events the app tracked count.
-    pub(super) fn scan_ids(&self, hit: impl Fn(usize) -> bool) -> Result<(), (String, usize)> {
-        for (name, bytes) in self.files() {
-            for id in ids_in(&bytes) {
-                if let Some(&idx) = self.by_id.get(id)
+    /// The first event id whose event `hit` says must not be there: (file name, event index).
+    /// Only ids of events the app tracked (`by_id`) count.
+    pub(super) fn ids(
+        &self,
+        by_id: &HashMap<String, usize>,
+        hit: impl Fn(usize) -> bool,
+    ) -> Result<(), (String, usize)> {
+        for (name, bytes) in &self.0 {
+            for id in ids_in(bytes) {
+                if let Some(&idx) = by_id.get(id)
                     && hit(idx)
                 {
-                    return Err((name, idx));
+                    return Err((name.clone(), idx));
                 }
             }
         }

@@ -166,7 +166,7 @@ impl Device {
         let Some(from) = self.sealing.from else {
             return Ok(());
         };
-        self.scan_files(|idx| idx >= from).map_err(|(file, idx)| {
+        self.files().payload(|idx| idx >= from).map_err(|(file, idx)| {
             format!(
                 "{file} holds the payload of event {idx} in plain text, tracked while the store sealed (from event {from} on)"
             )

@@ -144,11 +144,14 @@ impl Device {
             .iter()
             .flat_map(|f| f.carried.iter().copied())
             .collect();
-        self.scan_files(|idx| !in_flight.contains(&idx))
+        let files = self.files();
+        files
+            .payload(|idx| !in_flight.contains(&idx))
             .map_err(|(file, idx)| {
                 format!("after set_consent(Denied) returned, {file} still holds the payload of event {idx}")
             })?;
-        self.scan_ids(|idx| !in_flight.contains(&idx))
+        files
+            .ids(&self.by_id, |idx| !in_flight.contains(&idx))
             .map_err(|(file, idx)| {
                 format!(
                     "after set_consent(Denied) returned, {file} still holds the id of event {idx}"
@@ -178,8 +181,9 @@ impl Device {
                 "event {idx} of a request a denial spared on the wire came back undelivered, and {file} still holds its {what}"
             )
         };
-        self.scan_files(hit).map_err(|e| said("payload", e))?;
-        self.scan_ids(hit).map_err(|e| said("id", e))
+        let files = self.files();
+        files.payload(hit).map_err(|e| said("payload", e))?;
+        files.ids(&self.by_id, hit).map_err(|e| said("id", e))
     }
 
     /// Every event the app tracked is delivered, quarantined, or was dropped with its id named

@@ -19,6 +19,9 @@ use super::{HttpRequest, HttpResponse, Transport, TransportError};
 /// reads each answer as the SDK does: the same read bound, no redirects, no retries of its own.
 pub struct ReqwestTransport {
     client: reqwest::Client,
+    /// The endpoint parsed once: every request of a spool goes to the same URL, and parsing
+    /// it (host, IDNA) was a measurable part of each request's own work.
+    parsed: std::sync::Mutex<Option<(String, reqwest::Url)>>,
 }
 
 impl ReqwestTransport {
@@ -31,7 +34,10 @@ impl ReqwestTransport {
             .pool_max_idle_per_host(2)
             .build()
             .map_err(|e| TransportError::Tls(describe(&e)))?;
-        Ok(ReqwestTransport { client })
+        Ok(ReqwestTransport {
+            client,
+            parsed: std::sync::Mutex::new(None),
+        })
     }
 }
 
@@ -52,14 +58,31 @@ impl Transport for ReqwestTransport {
         request: HttpRequest,
     ) -> BoxFuture<'static, Result<HttpResponse, TransportError>> {
         let client = self.client.clone();
+        let url = self.url(&request.url);
         Box::pin(async move {
             let progress = Arc::new(Progress::new());
             let stall = request.stall_timeout;
             tokio::select! {
-                result = exchange(client, request, progress.clone()) => result,
+                result = exchange(client, url, request, progress.clone()) => result,
                 () = progress.stalled(stall) => Err(TransportError::Timeout),
             }
         })
+    }
+}
+
+impl ReqwestTransport {
+    /// The request's URL, parsed once per endpoint; `None` when it does not parse, for
+    /// reqwest to report as it does.
+    fn url(&self, text: &str) -> Option<reqwest::Url> {
+        let mut parsed = self.parsed.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((known, url)) = parsed.as_ref()
+            && known == text
+        {
+            return Some(url.clone());
+        }
+        let url = reqwest::Url::parse(text).ok()?;
+        *parsed = Some((text.to_string(), url.clone()));
+        Some(url)
     }
 }
 
@@ -139,14 +162,17 @@ impl http_body::Body for ProgressBody {
 /// request's `timeout` is the attempt's ceiling.
 async fn exchange(
     client: reqwest::Client,
+    url: Option<reqwest::Url>,
     request: HttpRequest,
     progress: Arc<Progress>,
 ) -> Result<HttpResponse, TransportError> {
     let method = reqwest::Method::from_bytes(request.method.as_bytes())
         .map_err(|_| TransportError::Io(format!("bad method {}", request.method)))?;
-    let mut builder = client
-        .request(method, &request.url)
-        .timeout(request.timeout);
+    let builder = match url {
+        Some(url) => client.request(method, url),
+        None => client.request(method, &request.url),
+    };
+    let mut builder = builder.timeout(request.timeout);
     for (name, value) in &request.headers {
         builder = builder.header(name, value);
     }

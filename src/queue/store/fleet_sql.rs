@@ -28,10 +28,8 @@ impl Store {
         let conn = &mut *conn;
         let added = self.beside_the_queue(conn, || -> Result<()> {
             let tx = conn.unchecked_transaction()?;
-            tx.execute(
-                "INSERT OR REPLACE INTO reports (id, body) VALUES (?1, ?2)",
-                params![id as i64, body],
-            )?;
+            tx.prepare_cached("INSERT OR REPLACE INTO reports (id, body) VALUES (?1, ?2)")?
+                .execute(params![id as i64, body])?;
             super::write_meta(&tx, "next_report", &(id + 1).to_string())?;
             let over = super::db_excess(&tx, self.page_size, self.budget.db_bytes)?;
             if over > 0 {

@@ -22,6 +22,10 @@ use crate::event::{LANE_NORMAL, OrderKey};
 pub const IN_ORDER_ROWS: &str = "WHERE seq >= ?1 AND in_order = 1 ORDER BY seq LIMIT ?2";
 /// [`IN_ORDER_ROWS`] without a limit, for a read that steps only as far as it needs.
 pub const IN_ORDER_FROM: &str = "WHERE seq >= ?1 AND in_order = 1 ORDER BY seq";
+/// The in-order rows from `?1` up to, not including, `?2`.
+pub const IN_ORDER_BELOW: &str = "WHERE seq >= ?1 AND seq < ?2 AND in_order = 1 ORDER BY seq";
+/// The in-order rows past `?1`.
+pub const IN_ORDER_ABOVE: &str = "WHERE seq > ?1 AND in_order = 1 ORDER BY seq";
 /// The indexed rows in delivery order: the partial index walked.
 pub const INDEXED_ALL: &str = "WHERE in_order = 0 ORDER BY lane, ts, seq";
 /// The indexed rows of lane `?1` in delivery order, at most `?2`.

@@ -90,7 +90,13 @@ impl Store {
 
     /// Delivered rows deleted: nothing is owed to them any more.
     pub(super) fn forget_in_flight(&self, seqs: &[u64]) {
-        lock(&self.in_flight).retain(|s| !seqs.contains(s));
+        let mut recorded = lock(&self.in_flight);
+        if recorded.is_empty() {
+            return;
+        }
+        let mut gone = seqs.to_vec();
+        gone.sort_unstable();
+        recorded.retain(|s| gone.binary_search(s).is_err());
     }
 }
 
@@ -138,7 +144,8 @@ pub(super) fn apply(tx: &Transaction<'_>, seqs: &[u64], note: SendNote) -> rusql
 /// Replaces the record with these seqs (none: no record).
 fn record(tx: &Transaction<'_>, seqs: &[u64]) -> rusqlite::Result<()> {
     if seqs.is_empty() {
-        tx.execute("DELETE FROM meta WHERE name = ?1", [IN_FLIGHT])?;
+        tx.prepare_cached("DELETE FROM meta WHERE name = ?1")?
+            .execute([IN_FLIGHT])?;
         return Ok(());
     }
     let text = seqs

@@ -49,7 +49,10 @@ use crate::sync::lock;
 pub use consent_sql::WAL_TRUNCATE_BOUND;
 use deletes::rows_present;
 use faults::FaultPoint;
-use frontier::{Frontier, IN_ORDER_FROM, IN_ORDER_ROWS, INDEXED_ALL, INDEXED_ROWS_OF_LANE};
+use frontier::{
+    Frontier, IN_ORDER_ABOVE, IN_ORDER_BELOW, IN_ORDER_FROM, IN_ORDER_ROWS, INDEXED_ALL,
+    INDEXED_ROWS_OF_LANE,
+};
 pub(crate) use open::check_keys;
 use quarantine_sql::ByteLimits;
 pub use quarantine_sql::QuarantineSql;
@@ -369,28 +372,27 @@ impl Store {
 /// The value named `name` in the `meta` table ([`meta`]), if any.
 fn read_meta(conn: &Connection, name: &str) -> rusqlite::Result<Option<String>> {
     use rusqlite::OptionalExtension;
-    conn.query_row("SELECT value FROM meta WHERE name = ?1", [name], |r| {
-        r.get(0)
-    })
-    .optional()
+    conn.prepare_cached("SELECT value FROM meta WHERE name = ?1")?
+        .query_row([name], |r| r.get(0))
+        .optional()
 }
 
 /// Sets the value named `name` in the `meta` table (also inside a transaction: `conn` may be
-/// one).
+/// one). Cached, like [`bump`]: a batch's send record and report are written with it.
 fn write_meta(conn: &Connection, name: &str, value: &str) -> rusqlite::Result<()> {
-    conn.execute(
+    conn.prepare_cached(
         "INSERT INTO meta (name, value) VALUES (?1, ?2)
          ON CONFLICT(name) DO UPDATE SET value = ?2",
-        params![name, value],
-    )?;
+    )?
+    .execute(params![name, value])?;
     Ok(())
 }
 
 pub(crate) fn bump(tx: &Transaction<'_>, name: &str, by: u64) -> Result<()> {
-    tx.execute(
+    tx.prepare_cached(
         "INSERT INTO counters (name, value) VALUES (?1, ?2) ON CONFLICT(name) DO UPDATE SET value = value + ?2",
-        params![name, by as i64],
-    )?;
+    )?
+    .execute(params![name, by as i64])?;
     Ok(())
 }
 

@@ -240,3 +240,57 @@ fn delivered_rows_leave_without_their_count() {
     );
     assert_eq!(counts(&path, 21), (0, 0));
 }
+
+/// A read ahead reads the in-order rows below the batch on the wire, then those above it,
+/// without stepping over the batch: the rows below it are not lost, and it is the read ahead
+/// that the next batch takes (a row renamed by another connection meanwhile keeps the name
+/// it was read with).
+#[test]
+fn a_read_ahead_reads_around_the_batch_on_the_wire() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.db");
+    let store = open(&path);
+    let rows: Vec<_> = (1..=30).map(|s| event(s, LANE_NORMAL)).collect();
+    store.insert(&rows).unwrap();
+    store.lease(&(5..=14).collect::<Vec<_>>());
+    store.read_ahead(20);
+    let other = rusqlite::Connection::open(&path).unwrap();
+    other
+        .execute(
+            r#"UPDATE events SET body = replace(body, '"e15"', '"renamed"') WHERE seq = 15"#,
+            [],
+        )
+        .unwrap();
+    let next = store.oldest(20).unwrap();
+    let expected: Vec<u64> = (1..=4).chain(15..=30).collect();
+    assert_eq!(seqs(&next), expected);
+    assert!(
+        next[4].json.contains(r#""e15""#),
+        "the batch was read again, not taken from the read ahead"
+    );
+}
+
+/// Delivered rows are deleted a run of consecutive seqs per statement: rows between the runs,
+/// which were not delivered, stay.
+#[test]
+fn delivered_rows_with_gaps_between_them_leave_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.db");
+    let (store, first) = with_batch_on_the_wire(&path, 12, 12);
+    assert_eq!(first, (1..=12).collect::<Vec<_>>());
+    store.delete_later(&[10, 2, 3, 4, 7, 9]).unwrap();
+    store.settle();
+    assert_eq!(other_seqs(&path), vec![1, 5, 6, 8, 11, 12]);
+    store.delete_later(&[12, 11, 1]).unwrap();
+    store.settle();
+    assert_eq!(other_seqs(&path), vec![5, 6, 8]);
+}
+
+fn other_seqs(path: &Path) -> Vec<u64> {
+    let conn = rusqlite::Connection::open(path).unwrap();
+    let mut stmt = conn.prepare("SELECT seq FROM events ORDER BY seq").unwrap();
+    stmt.query_map([], |r| r.get::<_, i64>(0))
+        .unwrap()
+        .map(|s| s.unwrap() as u64)
+        .collect()
+}

@@ -7,11 +7,13 @@ use super::in_flight;
 use super::*;
 
 impl Store {
-    /// The seqs a read must pass over: the batch in flight and the rows owed a delete.
-    pub(super) fn skipped(&self) -> Vec<u64> {
+    /// The seqs a read must pass over: the batch in flight and the rows owed a delete, sorted
+    /// (a read asks about every row it steps on).
+    pub(super) fn skipped(&self) -> Skipped {
         let mut seqs = self.leased().clone();
         seqs.extend(lock(&self.owed).iter().map(|o| o.seq));
-        seqs
+        seqs.sort_unstable();
+        Skipped(seqs)
     }
 
     /// The queued rows of the normal lane: how many skip the ordering index and how many are in
@@ -72,6 +74,14 @@ impl Store {
             Some(frontier) => frontier.floor(),
             None => lock(&self.frontier).floor(),
         };
+        // Draining, the oldest rows are the batch on the wire (and those owed a delete), one
+        // run of seqs: a read ahead reads the in-order rows below that run, then those above
+        // it, instead of stepping over each. A read that observes does not split, as the first
+        // row it meets raises the frontier's floor.
+        let gap = match observe {
+            Some(_) => None,
+            None => skipped.longest_run_from(floor),
+        };
         // Without a LIMIT: both runs are read in the order they are stored (the table by
         // seq, the partial index), so SQLite steps only as far as the merge asks, and rows
         // passed over (in flight, owed a delete, undecryptable) cannot use up one run's
@@ -79,12 +89,30 @@ impl Store {
         let mut in_order = conn.prepare_cached(&format!(
             "SELECT {QUEUED_COLUMNS} FROM events {IN_ORDER_FROM}"
         ))?;
+        let mut below = conn.prepare_cached(&format!(
+            "SELECT {QUEUED_COLUMNS} FROM events {IN_ORDER_BELOW}"
+        ))?;
+        let mut above = conn.prepare_cached(&format!(
+            "SELECT {QUEUED_COLUMNS} FROM events {IN_ORDER_ABOVE}"
+        ))?;
         let mut indexed = conn.prepare_cached(&format!(
             "SELECT {QUEUED_COLUMNS} FROM events {INDEXED_ALL}"
         ))?;
-        let mut a_rows = in_order.query(params![floor as i64])?;
+        let mut a_rows = match gap {
+            Some((first, _)) => below.query(params![floor as i64, first as i64])?,
+            None => in_order.query(params![floor as i64])?,
+        };
         let mut b_rows = indexed.query([])?;
-        let (mut a, mut b) = (a_rows.next()?, b_rows.next()?);
+        let mut a = a_rows.next()?;
+        // The rows above the run, read once those below it are all met.
+        let mut above_left = gap.map(|(_, last)| (&mut above, last));
+        if a.is_none()
+            && let Some((stmt, last)) = above_left.take()
+        {
+            a_rows = stmt.query(params![last as i64])?;
+            a = a_rows.next()?;
+        }
+        let mut b = b_rows.next()?;
         if let Some(frontier) = observe {
             frontier.observed(a.map(|r| r.get::<_, i64>(0)).transpose()?.map(|s| s as u64));
         }
@@ -108,6 +136,12 @@ impl Store {
             }
             if from_a {
                 a = a_rows.next()?;
+                if a.is_none()
+                    && let Some((stmt, last)) = above_left.take()
+                {
+                    a_rows = stmt.query(params![last as i64])?;
+                    a = a_rows.next()?;
+                }
             } else {
                 b = b_rows.next()?;
             }
@@ -121,7 +155,7 @@ impl Store {
     fn queued_row(
         &self,
         r: &rusqlite::Row<'_>,
-        skipped: &[u64],
+        skipped: &Skipped,
     ) -> rusqlite::Result<Option<std::result::Result<QueuedEvent, (u64, QuarantinedEvent)>>> {
         let seq = r.get::<_, i64>(0)? as u64;
         if skipped.contains(&seq) {
@@ -293,5 +327,25 @@ pub(super) fn undecryptable_entry(
         first_failed_ms: now_ms,
         last_failed_ms: now_ms,
         sends,
+    }
+}
+
+/// The seqs a read passes over ([`Store::skipped`]), sorted.
+pub(super) struct Skipped(Vec<u64>);
+
+impl Skipped {
+    pub(super) fn contains(&self, seq: &u64) -> bool {
+        self.0.binary_search(seq).is_ok()
+    }
+
+    /// The longest run of consecutive seqs from `floor` on, (first, last), when it holds more
+    /// than one.
+    fn longest_run_from(&self, floor: u64) -> Option<(u64, u64)> {
+        let from = self.0.partition_point(|&s| s < floor);
+        self.0[from..]
+            .chunk_by(|a, b| b == &(a + 1))
+            .max_by_key(|run| run.len())
+            .filter(|run| run.len() > 1)
+            .map(|run| (run[0], run[run.len() - 1]))
     }
 }

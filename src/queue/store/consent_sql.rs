@@ -16,6 +16,7 @@ use rusqlite::Connection;
 
 use super::{Store, bump, counter, meta, read_meta, rows_present, wal_path};
 use crate::error::{Error, Result};
+use crate::sync::lock;
 
 /// How long `set_consent(Denied)` waits for readers to let go of the WAL before it says the
 /// deletion is not done (the delivery worker then tries again, once each time, every few
@@ -140,6 +141,8 @@ impl Store {
                 self.leased().retain(|s| !seqs.contains(s));
             }
             self.owed_settled(&settled);
+            // The reports went with the rest.
+            lock(&self.owed_reports).clear();
             Ok((queued, dead))
         })();
         let restored = conn.pragma_update(None, "secure_delete", "FAST");

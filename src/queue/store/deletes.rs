@@ -47,20 +47,28 @@ impl Store {
         self.faults.note_owed(owed.len() as u64);
     }
 
-    /// Settles the owed deletes on their own, when there are any (before a read).
+    /// Settles the owed deletes on their own, when there are any (before a read), the
+    /// covered reports' ([`Store::reports_delete`]) with them.
     pub(super) fn try_settle_owed(&self, conn: &mut Connection) {
-        if lock(&self.owed).is_empty() {
+        let reports: Vec<u64> = lock(&self.owed_reports).clone();
+        if lock(&self.owed).is_empty() && reports.is_empty() {
             return;
         }
         let settled = (|| -> Result<Vec<u64>> {
             let tx = conn.transaction()?;
             let settled = self.settle_owed(&tx)?;
+            let mut stmt = tx.prepare_cached("DELETE FROM reports WHERE id = ?1")?;
+            for id in &reports {
+                stmt.execute([*id as i64])?;
+            }
+            drop(stmt);
             tx.commit()?;
             Ok(settled)
         })();
         match settled {
             Ok(seqs) => {
                 self.owed_settled(&seqs);
+                lock(&self.owed_reports).retain(|id| !reports.contains(id));
                 self.checkpoint_if_needed(conn);
             }
             Err(e) => {
@@ -104,7 +112,7 @@ impl Store {
 
     /// Commits the deletes the store owes, when it owes any.
     pub fn settle(&self) {
-        if lock(&self.owed).is_empty() {
+        if lock(&self.owed).is_empty() && lock(&self.owed_reports).is_empty() {
             return;
         }
         let mut conn = self.conn();

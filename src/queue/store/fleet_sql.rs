@@ -6,15 +6,18 @@ use rusqlite::params;
 
 use super::Store;
 use crate::error::{Error, Result};
+use crate::sync::lock;
 
 impl Store {
     /// The reports no 2xx has covered yet, oldest first.
     pub fn reports(&self) -> Result<Vec<(u64, String)>> {
         let conn = self.conn();
         let mut stmt = conn.prepare("SELECT id, body FROM reports ORDER BY id")?;
-        let rows = stmt
+        let mut rows = stmt
             .query_map([], |r| Ok((r.get::<_, i64>(0)? as u64, r.get(1)?)))?
             .collect::<rusqlite::Result<Vec<_>>>()?;
+        let covered = lock(&self.owed_reports);
+        rows.retain(|(id, _)| !covered.contains(id));
         Ok(rows)
     }
 
@@ -57,18 +60,11 @@ impl Store {
         Ok(())
     }
 
-    /// Forgets reports a 2xx covered.
+    /// Forgets reports a 2xx covered: no longer read, and deleted with the delivered rows by
+    /// the next [`Store::settle`] (beside the next request, before the worker waits, at
+    /// close), not by a commit of their own on the way to the next request.
     pub fn reports_delete(&self, ids: &[u64]) -> Result<()> {
-        let conn = self.conn();
-        let deleted = self.beside_the_queue(&conn, || -> Result<()> {
-            let mut stmt = conn.prepare_cached("DELETE FROM reports WHERE id = ?1")?;
-            for id in ids {
-                stmt.execute([*id as i64])?;
-            }
-            Ok(())
-        });
-        self.checked(&conn, deleted)?;
-        self.checkpoint_if_needed(&conn);
+        lock(&self.owed_reports).extend_from_slice(ids);
         Ok(())
     }
 }

@@ -169,6 +169,11 @@ pub struct Store {
     /// commits ([`Store::settle_owed`]). A crash before that leaves them queued, to be sent
     /// again with the same ids (the collector deduplicates), never lost.
     owed: Mutex<Vec<Owed>>,
+    /// Client reports a 2xx covered, deleted like the delivered rows: by the next
+    /// [`Store::settle`], while the next request is on the wire, instead of by a commit of
+    /// their own between an answer and the next request. A crash before that sends them
+    /// again; the collector counts each report id once.
+    owed_reports: Mutex<Vec<u64>>,
     /// Set when more rows left than the store counted: the count is not saved at close, so
     /// the next open counts the table.
     count_drifted: std::sync::atomic::AtomicBool,

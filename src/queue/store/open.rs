@@ -97,6 +97,7 @@ impl Store {
             insert_transactions: AtomicU64::new(0),
             checkpoint_errors: AtomicU64::new(0),
             owed: Mutex::new(Vec::new()),
+            owed_reports: Mutex::new(Vec::new()),
             count_drifted: std::sync::atomic::AtomicBool::new(false),
             keys,
             undecryptable: AtomicU64::new(0),

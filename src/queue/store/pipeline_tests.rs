@@ -294,3 +294,44 @@ fn other_seqs(path: &Path) -> Vec<u64> {
         .map(|s| s.unwrap() as u64)
         .collect()
 }
+
+/// A report a 2xx covered costs no commit of its own between the answer and the next request:
+/// it is no longer read at once, its row stays until the next settle deletes it with the
+/// delivered rows (a crash before that sends it again, and the collector counts its id once),
+/// and the read ahead made meanwhile still holds.
+#[test]
+fn a_covered_report_is_deleted_with_the_delivered_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.db");
+    let (store, first) = with_batch_on_the_wire(&path, 30, 10);
+    store.report_add(1, r#"{"report_id":1}"#).unwrap();
+    store.report_add(2, r#"{"report_id":2}"#).unwrap();
+    store.read_ahead(10);
+    let on_disk = |id: i64| -> i64 {
+        rusqlite::Connection::open(&path)
+            .unwrap()
+            .query_row("SELECT count(*) FROM reports WHERE id = ?1", [id], |r| {
+                r.get(0)
+            })
+            .unwrap()
+    };
+    store.reports_delete(&[1]).unwrap();
+    store.delete_later(&first).unwrap();
+    assert_eq!(on_disk(1), 1, "deleted by a commit of its own");
+    let ids: Vec<u64> = store.reports().unwrap().iter().map(|(id, _)| *id).collect();
+    assert_eq!(ids, vec![2], "a covered report is still read");
+    let other = rusqlite::Connection::open(&path).unwrap();
+    other
+        .execute(
+            r#"UPDATE events SET body = replace(body, '"e11"', '"x"') WHERE seq = 11"#,
+            [],
+        )
+        .unwrap();
+    assert!(
+        store.oldest(10).unwrap()[0].json.contains(r#""e11""#),
+        "the read ahead was not taken"
+    );
+    store.settle();
+    assert_eq!(on_disk(1), 0, "the settle did not delete it");
+    assert_eq!(on_disk(2), 1);
+}

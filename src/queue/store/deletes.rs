@@ -170,14 +170,26 @@ impl Store {
 
     /// Deletes queued events accepted before `cutoff_ms` (never leased ones), counted
     /// `expired`; returns their ids, at most [`EXPIRE_MAX`] a call. With nothing due (the
-    /// accepted floor is at or past the cutoff) it reads nothing; otherwise it scans the table
-    /// and sets the floor to what is left.
+    /// accepted floor is at or past the cutoff) it reads nothing; otherwise it reads the oldest
+    /// acceptance, which becomes the floor when it is not due, and only when it is scans for
+    /// the due rows and sets the floor to what is left.
     pub fn expire(&self, cutoff_ms: i64) -> Result<Vec<EventId>> {
         if cutoff_ms <= self.accepted_floor.load(Ordering::Relaxed) {
             return Ok(Vec::new());
         }
         let leased = self.leased().clone();
         let mut conn = self.conn();
+        // The oldest acceptance first, one read: when nothing is due (a backlog opened within
+        // `max_event_age_ms`) it sets the floor without the scan for due rows, a second read of
+        // the whole table before the first batch of a drain.
+        let oldest: Option<i64> = conn
+            .prepare_cached("SELECT min(accepted) FROM events")?
+            .query_row([], |r| r.get(0))?;
+        if oldest.is_none_or(|oldest| oldest >= cutoff_ms) {
+            self.accepted_floor
+                .store(oldest.unwrap_or(i64::MAX), Ordering::Relaxed);
+            return Ok(Vec::new());
+        }
         let written = (|| -> Result<_> {
             let tx = conn.transaction()?;
             let settled = self.settle_owed(&tx)?;

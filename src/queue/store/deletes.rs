@@ -86,9 +86,13 @@ impl Store {
     /// (deleted with the rest on a denial) are deleted now, as by [`Store::delete`], so the
     /// count only forgets rows that are there.
     pub fn delete_later(&self, seqs: &[u64]) -> Result<()> {
+        // Sorted, so that each of a batch's rows is found without a pass over the others.
         let (seqs, now): (Vec<u64>, Vec<u64>) = {
-            let leased = self.leased();
-            seqs.iter().copied().partition(|s| leased.contains(s))
+            let mut leased = self.leased().clone();
+            leased.sort_unstable();
+            seqs.iter()
+                .copied()
+                .partition(|s| leased.binary_search(s).is_ok())
         };
         if !now.is_empty() {
             self.delete(&now)?;
@@ -97,8 +101,10 @@ impl Store {
             return Ok(());
         }
         self.owe(&seqs, None);
+        let mut gone = seqs.clone();
+        gone.sort_unstable();
         // Owed before unleased, so a read ahead never sees them as neither.
-        self.leased().retain(|s| !seqs.contains(s));
+        self.leased().retain(|s| gone.binary_search(s).is_err());
         self.forget_rows(seqs.len() as u64);
         Ok(())
     }

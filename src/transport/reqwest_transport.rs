@@ -14,6 +14,7 @@ use tokio::time::Instant;
 use futures_util::future::BoxFuture;
 
 use super::{HttpRequest, HttpResponse, Transport, TransportError};
+use crate::sync::lock;
 
 /// Public (re-exported at the root) so that a tool speaking to a collector in the SDK's name
 /// reads each answer as the SDK does: the same read bound, no redirects, no retries of its own.
@@ -38,6 +39,20 @@ impl ReqwestTransport {
             client,
             parsed: std::sync::Mutex::new(None),
         })
+    }
+
+    /// The request's URL, parsed once per endpoint; `None` when it does not parse, for
+    /// reqwest to report as it does.
+    fn url(&self, text: &str) -> Option<reqwest::Url> {
+        let mut parsed = lock(&self.parsed);
+        if let Some((known, url)) = parsed.as_ref()
+            && known == text
+        {
+            return Some(url.clone());
+        }
+        let url = reqwest::Url::parse(text).ok()?;
+        *parsed = Some((text.to_string(), url.clone()));
+        Some(url)
     }
 }
 
@@ -67,22 +82,6 @@ impl Transport for ReqwestTransport {
                 () = progress.stalled(stall) => Err(TransportError::Timeout),
             }
         })
-    }
-}
-
-impl ReqwestTransport {
-    /// The request's URL, parsed once per endpoint; `None` when it does not parse, for
-    /// reqwest to report as it does.
-    fn url(&self, text: &str) -> Option<reqwest::Url> {
-        let mut parsed = self.parsed.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((known, url)) = parsed.as_ref()
-            && known == text
-        {
-            return Some(url.clone());
-        }
-        let url = reqwest::Url::parse(text).ok()?;
-        *parsed = Some((text.to_string(), url.clone()));
-        Some(url)
     }
 }
 

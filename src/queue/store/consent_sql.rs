@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use rusqlite::Connection;
 
-use super::{Store, bump, counter, meta, read_meta, rows_present, wal_path};
+use super::{Store, bump, counter, meta, read_meta, remove_seqs, rows_present, wal_path};
 use crate::error::{Error, Result};
 use crate::sync::lock;
 
@@ -86,7 +86,7 @@ impl Store {
             // commits, as a failed delete of delivered rows is.
             let present = rows_present(&self.conn(), seqs).unwrap_or_else(|_| seqs.to_vec());
             self.owe(&present, Some(counter::CONSENT_DENIED));
-            self.leased().retain(|s| !seqs.contains(s));
+            remove_seqs(&mut self.leased(), seqs);
             self.forget_rows(present.len() as u64);
         }
         done
@@ -138,7 +138,7 @@ impl Store {
             }
             tx.commit()?;
             if let Wipe::Only(seqs) = rows {
-                self.leased().retain(|s| !seqs.contains(s));
+                remove_seqs(&mut self.leased(), seqs);
             }
             self.owed_settled(&settled);
             // The reports went with the rest.

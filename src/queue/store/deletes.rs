@@ -101,10 +101,8 @@ impl Store {
             return Ok(());
         }
         self.owe(&seqs, None);
-        let mut gone = seqs.clone();
-        gone.sort_unstable();
         // Owed before unleased, so a read ahead never sees them as neither.
-        self.leased().retain(|s| gone.binary_search(s).is_err());
+        remove_seqs(&mut self.leased(), &seqs);
         self.forget_rows(seqs.len() as u64);
         Ok(())
     }

@@ -90,13 +90,7 @@ impl Store {
 
     /// Delivered rows deleted: nothing is owed to them any more.
     pub(super) fn forget_in_flight(&self, seqs: &[u64]) {
-        let mut recorded = lock(&self.in_flight);
-        if recorded.is_empty() {
-            return;
-        }
-        let mut gone = seqs.to_vec();
-        gone.sort_unstable();
-        recorded.retain(|s| gone.binary_search(s).is_err());
+        remove_seqs(&mut lock(&self.in_flight), seqs);
     }
 }
 

@@ -374,6 +374,17 @@ impl Store {
     }
 }
 
+/// Takes every seq of `gone` out of `list` (the leased rows, the record of the rows on the
+/// wire): one sort of `gone`, then a binary search per element, not a pass over `gone` each.
+fn remove_seqs(list: &mut Vec<u64>, gone: &[u64]) {
+    if list.is_empty() || gone.is_empty() {
+        return;
+    }
+    let mut gone = gone.to_vec();
+    gone.sort_unstable();
+    list.retain(|s| gone.binary_search(s).is_err());
+}
+
 /// The value named `name` in the `meta` table ([`meta`]), if any.
 fn read_meta(conn: &Connection, name: &str) -> rusqlite::Result<Option<String>> {
     use rusqlite::OptionalExtension;

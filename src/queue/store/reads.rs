@@ -230,7 +230,7 @@ impl Store {
     /// ahead of them.
     pub fn release(&self, seqs: &[u64]) {
         self.settle_in_flight_now(seqs);
-        self.leased().retain(|s| !seqs.contains(s));
+        remove_seqs(&mut self.leased(), seqs);
         self.forget_read_ahead();
     }
 
@@ -238,7 +238,7 @@ impl Store {
     /// send count either.
     pub(super) fn unlease_gone(&self, seqs: &[u64]) {
         self.forget_in_flight(seqs);
-        self.leased().retain(|s| !seqs.contains(s));
+        remove_seqs(&mut self.leased(), seqs);
     }
 
     pub fn release_all(&self) {

@@ -301,8 +301,13 @@ pub(super) fn body_ad<'a>(
     if key_id == 0 {
         return id;
     }
-    use std::fmt::Write;
-    let _ = write!(buf, "{id}|{ts_ms}|{lane}");
+    // Without `fmt`: formatting the two numbers took a third of sealing an event's body.
+    let (mut ts, mut ln) = (itoa::Buffer::new(), itoa::Buffer::new());
+    let (ts, ln) = (ts.format(ts_ms), ln.format(lane));
+    buf.reserve(id.len() + ts.len() + ln.len() + 2);
+    for part in [id, "|", ts, "|", ln] {
+        buf.push_str(part);
+    }
     buf
 }
 

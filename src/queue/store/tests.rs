@@ -501,3 +501,25 @@ fn the_ordered_reads_walk_the_table_and_the_index_without_sorting() {
         assert!(!plan.contains("TEMP B-TREE"), "{plan}");
     }
 }
+
+#[test]
+fn a_sealed_rows_associated_data_keeps_its_bytes() {
+    // What stores written before hold was sealed over these bytes: they must keep opening.
+    for (ts, lane) in [
+        (0, 0),
+        (-1, 1),
+        (i64::MAX, 255),
+        (i64::MIN, 1),
+        (1_764_417_600_000, 1),
+    ] {
+        let mut buf = String::new();
+        assert_eq!(
+            super::reads::body_ad(7, "id", ts, lane, &mut buf),
+            format!("id|{ts}|{lane}")
+        );
+    }
+    assert_eq!(
+        super::reads::body_ad(0, "id", 5, 1, &mut String::new()),
+        "id"
+    );
+}

@@ -219,6 +219,11 @@ impl Keyring {
         self.keys.first().map(|(id, _)| *id).unwrap_or(0)
     }
 
+    /// Rows are sealed (a current key exists).
+    pub fn seals(&self) -> bool {
+        self.sealing.is_some()
+    }
+
     pub fn has(&self, key_id: u32) -> bool {
         self.keys.iter().any(|(id, _)| *id == key_id)
     }

@@ -228,6 +228,40 @@ pub struct QueuedEvent {
     pub unanswered: u32,
     /// In the critical lane (docs/critical-lane.md): delivered before the normal backlog.
     pub critical: bool,
+    /// The store's sealed body of this event, made on the tracking thread while memory is full
+    /// (`Store::seal_ahead`), so that the spill thread only writes it; empty otherwise.
+    pub sealed: SealedAhead,
+}
+
+/// A body sealed for the store before the event reached the spill (`Store::seal_ahead`).
+/// The id, timestamp and lane it is bound to are the event's own, which never change once it is
+/// made. It compares equal to any other: each sealing draws a new nonce, and the event is the
+/// same event whether or not it carries one.
+#[derive(Clone, Default)]
+pub struct SealedAhead(pub(crate) Option<Box<[u8]>>);
+
+impl SealedAhead {
+    /// Bytes held (the spent-string bound of the spill counts them).
+    pub(crate) fn len(&self) -> usize {
+        self.0.as_ref().map_or(0, |b| b.len())
+    }
+}
+
+impl PartialEq for SealedAhead {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for SealedAhead {}
+
+impl std::fmt::Debug for SealedAhead {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.0 {
+            Some(b) => write!(f, "sealed({} bytes)", b.len()),
+            None => f.write_str("none"),
+        }
+    }
 }
 
 impl QueuedEvent {
@@ -394,6 +428,7 @@ pub fn prepare(
         sends: 0,
         unanswered: 0,
         critical: event.priority == Priority::Critical,
+        sealed: SealedAhead::default(),
     })
 }
 

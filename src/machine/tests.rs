@@ -175,6 +175,7 @@ impl Rig {
                     sends: 0,
                     unanswered: 0,
                     critical: false,
+                    sealed: Default::default(),
                 };
                 (event, seq.is_multiple_of(2))
             })

@@ -105,6 +105,7 @@ impl Queue {
                 sends: q.sends,
                 unanswered: 0,
                 critical: false,
+                sealed: Default::default(),
             };
             let overflow = self
                 .memory()

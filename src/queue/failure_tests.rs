@@ -29,6 +29,7 @@ pub(super) fn event_of(seq: u64, pad: usize, critical: bool) -> QueuedEvent {
         sends: 0,
         unanswered: 0,
         critical,
+        sealed: Default::default(),
     }
 }
 

@@ -44,7 +44,7 @@ use std::time::{Duration, Instant};
 
 use crate::config::Durability;
 use crate::error::{Error, Result};
-use crate::event::{EventId, QueuedEvent};
+use crate::event::{EventId, QueuedEvent, SealedAhead};
 use crate::quarantine::{MemoryQuarantine, Selector};
 use crate::state::Notice;
 use crate::stats::Ledger;
@@ -205,6 +205,9 @@ pub struct Queue {
     /// `memory_capacity`, [`Queue::gather`]); the tracking thread whose event fills a chunk's
     /// worth ends the wait.
     spill_lingering: AtomicBool,
+    /// Memory held [`spill::SEAL_AHEAD_PAST`] events past its capacity at the last `track()`:
+    /// the spill is behind, and tracking threads seal an encrypting store's bodies ahead.
+    spill_behind: AtomicBool,
     /// The spill thread's last turn wrote a chunk's worth: a burst is being written, and its
     /// tail is not held for a linger ([`Queue::gather`]).
     spill_bursting: AtomicBool,
@@ -232,15 +235,25 @@ struct Inbox {
     events: Vec<QueuedEvent>,
     /// The wire JSON of events the spill thread has written, for tracking threads to free, two
     /// per `track()` call ([`Queue::hand_back`]), and its bytes.
-    spent: Vec<Box<str>>,
+    spent: Vec<Spent>,
     spent_bytes: usize,
 }
 
+/// What a written event leaves for a tracking thread to free: its wire JSON and the body sealed
+/// ahead (both allocated by a tracking thread).
+struct Spent(Box<str>, SealedAhead);
+
+impl Spent {
+    fn len(&self) -> usize {
+        self.0.len() + self.1.len()
+    }
+}
+
 impl Inbox {
-    fn pop_spent(&mut self) -> Option<Box<str>> {
-        let json = self.spent.pop()?;
-        self.spent_bytes -= json.len();
-        Some(json)
+    fn pop_spent(&mut self) -> Option<Spent> {
+        let spent = self.spent.pop()?;
+        self.spent_bytes -= spent.len();
+        Some(spent)
     }
 }
 
@@ -342,6 +355,7 @@ impl Queue {
             buffered: AtomicUsize::new(0),
             fold_asked: AtomicBool::new(false),
             spill_lingering: AtomicBool::new(false),
+            spill_behind: AtomicBool::new(false),
             spill_bursting: AtomicBool::new(false),
             store,
             memory_quarantine: Mutex::new(MemoryQuarantine::default()),
@@ -429,15 +443,31 @@ impl Queue {
     /// Queues one event (`durability = spill`, or memory only). While memory has room this is
     /// one `Vec::push` under the inbox lock; at the limit it takes the exact path (the oldest
     /// move to the spill backlog, or drop, counted).
-    pub fn push(&self, event: QueuedEvent) {
+    pub fn push(&self, mut event: QueuedEvent) {
         let capacity = self.capacity();
         let limit = match self.store {
             Some(_) => capacity + capacity.max(SPILL_BACKLOG_MIN),
             None => capacity,
         };
+        // The spill is behind: this event is bound for it, and an encrypting store's body is
+        // sealed here, before the lock, on the thread that made the event, so that the spill
+        // thread only writes it (decision 0070). Every other event: the two sides then share
+        // the sealing, and most calls do not pay for one. The flag is the last call's look at
+        // memory: one event late either way, sealed by the spill thread or sealed and not
+        // spilled.
+        if let Some(store) = &self.store
+            && event.seq.is_multiple_of(2)
+            && self.spill_behind.load(Ordering::Relaxed)
+        {
+            event.sealed = SealedAhead(store.seal_ahead(&event));
+        }
         let event = {
             let mut inbox = self.inbox.lock();
             let held = self.held(&inbox);
+            let behind = held >= capacity + spill::SEAL_AHEAD_PAST;
+            if behind != self.spill_behind.load(Ordering::Relaxed) {
+                self.spill_behind.store(behind, Ordering::Relaxed);
+            }
             if held < limit {
                 inbox.events.push(event);
                 // Freed by the caller once the lock is let go (see `hand_back`): two per call,

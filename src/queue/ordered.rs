@@ -151,6 +151,7 @@ pub(super) fn test_event(ts: i64, seq: u64, critical: bool) -> QueuedEvent {
         sends: 0,
         unanswered: 0,
         critical,
+        sealed: Default::default(),
     }
 }
 

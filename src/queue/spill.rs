@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::store::{Inserted, PartialInsert, Store};
-use super::{Queue, SPILL_BACKLOG_MIN};
+use super::{Queue, SPILL_BACKLOG_MIN, Spent};
 use crate::config::Durability;
 use crate::error::Result;
 use crate::event::QueuedEvent;
@@ -33,6 +33,12 @@ pub const SPILL_CHUNK: usize = 1_000;
 /// spill` grows by the same bound: `memory_capacity` events plus at most this many, at most two
 /// seconds old (decision 0068).
 pub(super) const SPILL_BATCH_MIN: usize = 256;
+
+/// Past `memory_capacity` by this many events, the spill has fallen behind tracking, and the
+/// tracking threads seal the bodies of an encrypting store ahead ([`Store::seal_ahead`]):
+/// the cost moves from the spill thread, the slower side then, to the threads making events,
+/// until the backlog is under it again (decision 0070).
+pub(super) const SEAL_AHEAD_PAST: usize = SPILL_CHUNK;
 pub(super) const SPILL_LINGER_MAX: Duration = Duration::from_secs(2);
 
 /// The gathering while a burst is being written ([`Queue::gather_burst`]): at most
@@ -137,13 +143,16 @@ impl Queue {
         if self.params.durability == Durability::Always {
             return;
         }
-        let mut spent = events.into_iter().map(|e| e.json).peekable();
+        let mut spent = events
+            .into_iter()
+            .map(|e| Spent(e.json, e.sealed))
+            .peekable();
         let mut inbox = self.inbox.lock();
         while inbox.spent.len() < SPENT_MAX
-            && let Some(json) = spent.next_if(|j| inbox.spent_bytes + j.len() <= SPENT_BYTES_MAX)
+            && let Some(one) = spent.next_if(|j| inbox.spent_bytes + j.len() <= SPENT_BYTES_MAX)
         {
-            inbox.spent_bytes += json.len();
-            inbox.spent.push(json);
+            inbox.spent_bytes += one.len();
+            inbox.spent.push(one);
         }
         drop(inbox);
         // Past the bounds (tracking stopped, or too few calls to keep up), freed here.

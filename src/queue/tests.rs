@@ -1,6 +1,6 @@
 //! The queue's own tests: the inbox, group commit, and the spill thread keeping up.
 
-use super::spill::{SPENT_BYTES_MAX, SPENT_MAX, SPILL_LINGER_MAX};
+use super::spill::{SEAL_AHEAD_PAST, SPENT_BYTES_MAX, SPENT_MAX, SPILL_LINGER_MAX};
 use super::*;
 use crate::event::EventId;
 
@@ -15,6 +15,7 @@ fn event(ts: i64, seq: u64) -> QueuedEvent {
         sends: 0,
         unanswered: 0,
         critical: false,
+        sealed: Default::default(),
     }
 }
 
@@ -389,4 +390,69 @@ fn spent_json_stays_bounded_and_is_freed_once_the_spill_is_done() {
     );
     q.stop_spiller();
     spiller.join().unwrap();
+}
+
+/// An encrypting store whose spill is behind: the events tracked once memory is
+/// `SEAL_AHEAD_PAST` past its capacity carry their sealed bodies from the tracking thread, the
+/// spill writes those bytes as they are, and every row opens back to its event's own JSON,
+/// those the spill sealed itself as well.
+#[test]
+fn bodies_sealed_ahead_by_tracking_are_written_as_they_are_and_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("q.db");
+    let mut p = params(10, Durability::Spill);
+    p.encryption_keys = crate::EncryptionKeys::new([(1, [3u8; 32])]);
+    let opened = Queue::open(&path, 64 << 20, 0, p, Ledger::default(), Default::default()).unwrap();
+    let q = opened.queue;
+    let n = 10 + SEAL_AHEAD_PAST as u64 + 300;
+    let events: Vec<QueuedEvent> = (1..=n)
+        .map(|seq| super::failure_tests::event_of(seq, 40, false))
+        .collect();
+    for e in &events {
+        q.push(e.clone());
+    }
+    // No spill thread: everything waits in the inbox.
+    let ahead: HashMap<u64, Box<[u8]>> = q
+        .inbox
+        .lock()
+        .events
+        .iter()
+        .filter_map(|e| Some((e.seq, e.sealed.0.clone()?)))
+        .collect();
+    // Every other one (the even seqs) past the point where the spill is behind.
+    let past: Vec<u64> = (10 + SEAL_AHEAD_PAST as u64 + 2..=n)
+        .filter(|seq| seq.is_multiple_of(2))
+        .collect();
+    let mut sealed: Vec<u64> = ahead.keys().copied().collect();
+    sealed.sort_unstable();
+    assert_eq!(sealed, past, "the events sealed ahead");
+    while q.memory().spill_len() > 0 {
+        q.spill_now().unwrap();
+    }
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    let mut stmt = conn.prepare("SELECT seq, body FROM events").unwrap();
+    let rows: Vec<(i64, Vec<u8>)> = stmt
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .collect::<rusqlite::Result<_>>()
+        .unwrap();
+    assert_eq!(rows.len() as u64, n - 10, "all but memory's ten on disk");
+    for (seq, body) in &rows {
+        if let Some(sealed) = ahead.get(&(*seq as u64)) {
+            assert_eq!(
+                &body[..],
+                &sealed[..],
+                "seq {seq}: not the bytes sealed ahead"
+            );
+        }
+    }
+    let read: HashMap<u64, Box<str>> = q
+        .next_batch(n as usize, u64::MAX)
+        .into_iter()
+        .map(|(e, _)| (e.seq, e.json))
+        .collect();
+    assert_eq!(read.len() as u64, n);
+    for e in &events {
+        assert_eq!(read[&e.seq], e.json, "seq {} opens to another JSON", e.seq);
+    }
 }

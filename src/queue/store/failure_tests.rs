@@ -25,6 +25,7 @@ fn row(ts: i64, seq: u64) -> QueuedEvent {
         sends: 0,
         unanswered: 0,
         critical: false,
+        sealed: Default::default(),
     }
 }
 

@@ -16,6 +16,7 @@ fn event(seq: u64, lane: u8) -> QueuedEvent {
         sends: 0,
         unanswered: 0,
         critical: lane == LANE_CRITICAL,
+        sealed: Default::default(),
     }
 }
 

@@ -186,6 +186,7 @@ impl Store {
                     sends,
                     unanswered: r.get(6)?,
                     critical: lane == LANE_CRITICAL,
+                    sealed: Default::default(),
                 }),
                 Err(_) => Err((seq, undecryptable_entry(id_text, ts_ms, sends, key_id))),
             },

@@ -22,6 +22,7 @@ fn event(seq: u64, pad: usize) -> QueuedEvent {
         sends: 0,
         unanswered: 0,
         critical: false,
+        sealed: Default::default(),
     }
 }
 

@@ -6,6 +6,7 @@
 
 use super::reads::{BODY, body_ad};
 use super::*;
+use crate::crypto::Stored;
 
 impl Store {
     /// Writes events in transactions of bounded size, evicting the oldest to stay under the cap.
@@ -160,22 +161,46 @@ impl Store {
     ) -> rusqlite::Result<()> {
         let mut id_buf = Uuid::encode_buffer();
         let id = e.id.0.hyphenated().encode_lower(&mut id_buf);
-        // Without the head that repeats the id and timestamp columns: a quarter of the row.
-        let mut ad = String::new();
         let key_id = self.keys.current_id();
-        let ad = body_ad(key_id, id, e.ts_ms, e.lane(), &mut ad);
-        let body = self.keys.seal(BODY, ad, e.wire_tail(id).unwrap_or(&e.json));
         // Text and blobs are copied by SQLite as they are bound (rusqlite binds them transient).
         stmt.raw_bind_parameter(at + 1, e.seq as i64)?;
         stmt.raw_bind_parameter(at + 2, e.ts_ms)?;
         stmt.raw_bind_parameter(at + 3, &*id)?;
-        stmt.raw_bind_parameter(at + 4, body)?;
+        match &e.sealed.0 {
+            Some(sealed) => stmt.raw_bind_parameter(at + 4, &**sealed)?,
+            None => stmt.raw_bind_parameter(at + 4, self.body(e, id))?,
+        }
         stmt.raw_bind_parameter(at + 5, e.accepted_ms)?;
         stmt.raw_bind_parameter(at + 6, e.sends)?;
         stmt.raw_bind_parameter(at + 7, e.unanswered)?;
         stmt.raw_bind_parameter(at + 8, e.lane())?;
         stmt.raw_bind_parameter(at + 9, key_id)?;
         stmt.raw_bind_parameter(at + 10, frontier.admit(e.key()))
+    }
+
+    /// The `body` column of `e`'s row (`id` its text): the wire JSON without the head that
+    /// repeats the id and timestamp columns (a quarter of the row), sealed with the current key
+    /// when the store has one, bound to the row's id, timestamp and lane (`body_ad`).
+    fn body<'a>(&self, e: &'a QueuedEvent, id: &str) -> Stored<'a> {
+        let mut ad = String::new();
+        let ad = body_ad(self.keys.current_id(), id, e.ts_ms, e.lane(), &mut ad);
+        self.keys.seal(BODY, ad, e.wire_tail(id).unwrap_or(&e.json))
+    }
+
+    /// `e`'s body sealed now, for a tracking thread to attach to an event bound for the spill
+    /// while memory is full: the spill thread then only writes it, and the sealing, the
+    /// costliest step of an encrypted row, runs on the thread that made the event, in parallel
+    /// with the spill's writes. `None` for a store without keys.
+    pub fn seal_ahead(&self, e: &QueuedEvent) -> Option<Box<[u8]>> {
+        if !self.keys.seals() {
+            return None;
+        }
+        let mut id_buf = Uuid::encode_buffer();
+        let id = e.id.0.hyphenated().encode_lower(&mut id_buf);
+        match self.body(e, id) {
+            Stored::Sealed(bytes) => Some(bytes.into_boxed_slice()),
+            Stored::Text(_) => None,
+        }
     }
 
     /// Inside a write transaction: evict the oldest rows until the database fits its share of

@@ -8,7 +8,7 @@ use eventspool::{Compression, Config, EncryptionKeys, EventSpool};
 use eventspool_collector::{CollectorConfig, ReferenceCollector};
 use serde_json::json;
 
-use crate::{EVENT_NAME, Row, properties};
+use crate::{EVENT_NAME, Row, percentile, properties};
 
 /// The disk cap for spill and drain: large enough that nothing is evicted. The store derives its
 /// WAL limit from it, so `BENCH_DISK_CAP=<bytes>` lets a run see what that costs.
@@ -229,6 +229,31 @@ fn spill_once(
             }),
         ))
     }
+}
+
+/// Each `track()` call's nanoseconds, sorted, while `n` events spill offline past a memory of
+/// 1,000 (the spill rows' setup), the app's values built before.
+fn track_latencies(
+    n: usize,
+    keys: &EncryptionKeys,
+) -> Result<Vec<u64>, Box<dyn std::error::Error>> {
+    let dir = tempfile::tempdir()?;
+    let mut cfg = config("http://127.0.0.1:9/unused", &dir.path().join("events.db"));
+    cfg.memory_capacity = 1_000;
+    cfg.encryption_keys = keys.clone();
+    let spool = EventSpool::builder(cfg).start_offline().open()?;
+    let template = properties();
+    let values: Vec<serde_json::Value> = (0..n).map(|_| template.clone()).collect();
+    let mut times = Vec::with_capacity(n);
+    for value in values {
+        let t = Instant::now();
+        spool.track(EVENT_NAME, value)?;
+        times.push(t.elapsed().as_nanos() as u64);
+    }
+    wait_spilled(&spool, 1_000, n as u64);
+    spool.shutdown(Duration::from_secs(10))?;
+    times.sort_unstable();
+    Ok(times)
 }
 
 /// Fills a store with `n` events through `track()` + `persist()` (nothing dropped), closed.
@@ -467,6 +492,26 @@ pub fn encryption(sizes: &[usize]) -> Result<Vec<Row>, Box<dyn std::error::Error
             sealed_runs.push(spill_once(n, &keys)?.0);
         }
         let (o, b) = (median(sealed_runs.clone()), median(plain_runs.clone()));
+        // While the spill is behind, the tracking thread seals bodies ahead: what that costs
+        // each call, against the raw baseline of the `track` rows.
+        let sealed_calls = track_latencies(n, &keys)?;
+        let plain_calls = track_latencies(n, &plain)?;
+        let raw_calls = crate::track::raw_latencies(n);
+        out.push(
+            Row::cost(
+                format!("track() median while an encrypted spill of {n} runs, vs raw"),
+                percentile(&sealed_calls, 0.5) as f64,
+                percentile(&raw_calls, 0.5) as f64,
+                "ns",
+                Some(2.0),
+            )
+            .with(json!({
+                "p99_ns": percentile(&sealed_calls, 0.99),
+                "plain_spill_median_ns": percentile(&plain_calls, 0.5),
+                "plain_spill_p99_ns": percentile(&plain_calls, 0.99),
+                "raw_p99_ns": percentile(&raw_calls, 0.99),
+            })),
+        );
         out.push(
             Row::rate(
                 format!("spill offline, {n} events, encrypted vs plain"),

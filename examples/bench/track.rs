@@ -24,7 +24,7 @@ struct RawEvent<'a> {
 }
 
 /// The baseline: what a minimal hand-written queue pays for the same event.
-fn raw_track(queue: &Mutex<VecDeque<String>>, properties: Value) {
+pub fn raw_track(queue: &Mutex<VecDeque<String>>, properties: Value) {
     let id = uuid::Uuid::now_v7();
     let mut buf = uuid::Uuid::encode_buffer();
     let ts = SystemTime::now()
@@ -42,6 +42,13 @@ fn raw_track(queue: &Mutex<VecDeque<String>>, properties: Value) {
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .push_back(json);
+}
+
+/// The raw baseline's per-call nanoseconds, sorted: `calls` calls on one thread.
+pub fn raw_latencies(calls: usize) -> Vec<u64> {
+    let queue = Arc::new(Mutex::new(VecDeque::with_capacity(calls + WARMUP)));
+    let q = queue.clone();
+    measure(1, calls, Arc::new(move |v| raw_track(&q, v)))
 }
 
 fn spool() -> Result<EventSpool, eventspool::Error> {

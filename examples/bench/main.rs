@@ -4,7 +4,8 @@
 //! `cargo run --release --example bench [-- --quick]`
 //!
 //! Human table on stderr, JSON report on stdout. `--quick` skips the 1M-event growth runs;
-//! `--only track,spill,cap,always,critical,drain,encrypt,rss,cold,slowlink,trickle` picks scenarios; `--sizes N,M` sets the spill/drain sizes.
+//! `--only track,spill,cap,always,critical,drain,encrypt,rss,cold,slowlink,trickle` picks scenarios; `--sizes N,M` sets the spill/drain sizes;
+//! anything else is refused with its name (`--help` prints the usage).
 //! The peak-RSS run re-executes this binary (`--rss-child URL`) so that the high-water mark it
 //! reads belongs to that scenario alone. See BENCHMARKS.md for the figures and the machine.
 
@@ -186,6 +187,70 @@ pub fn loadavg() -> String {
         .to_string()
 }
 
+/// The scenarios `--only` picks from, in the order they run.
+const SCENARIOS: [&str; 11] = [
+    "track", "spill", "cap", "always", "critical", "drain", "encrypt", "rss", "cold", "slowlink",
+    "trickle",
+];
+
+const USAGE: &str = "usage: bench [--quick] [--only SCENARIO[,SCENARIO...]] [--sizes N[,N...]]
+  --quick   without the 1M-event growth runs
+  --only    some of: track, spill, cap, always, critical, drain, encrypt, rss, cold, slowlink,
+            trickle (default: all)
+  --sizes   the spill, drain and encrypt sizes in events (default: 10000,100000 and, without
+            --quick, 1000000)
+Table on stderr, JSON on stdout; BENCHMARKS.md says what each row measures.";
+
+/// The command line: a mistyped flag, scenario or size is refused with its name rather than
+/// running (or skipping) minutes of benchmarks.
+struct Options {
+    quick: bool,
+    only: Option<Vec<String>>,
+    sizes: Option<Vec<usize>>,
+}
+
+impl Options {
+    /// `None` for `--help`.
+    fn parse(args: &[String]) -> Result<Option<Options>, String> {
+        let mut options = Options {
+            quick: false,
+            only: None,
+            sizes: None,
+        };
+        let mut args = args.iter();
+        while let Some(arg) = args.next() {
+            let mut value = || {
+                args.next()
+                    .filter(|v| !v.is_empty() && !v.starts_with("--"))
+                    .ok_or_else(|| format!("{arg} needs a comma-separated list"))
+            };
+            match arg.as_str() {
+                "--quick" => options.quick = true,
+                "--help" | "-h" => return Ok(None),
+                "--only" => {
+                    let names: Vec<String> = value()?.split(',').map(str::to_string).collect();
+                    if let Some(bad) = names.iter().find(|n| !SCENARIOS.contains(&n.as_str())) {
+                        return Err(format!("--only: no scenario named {bad:?}"));
+                    }
+                    options.only = Some(names);
+                }
+                "--sizes" => {
+                    let sizes = value()?
+                        .split(',')
+                        .map(|n| match n.parse::<usize>() {
+                            Ok(size) if size > 0 => Ok(size),
+                            _ => Err(format!("--sizes: {n:?} is not a number of events")),
+                        })
+                        .collect::<Result<Vec<_>, _>>()?;
+                    options.sizes = Some(sizes);
+                }
+                other => return Err(format!("unknown argument {other:?}")),
+            }
+        }
+        Ok(Some(options))
+    }
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
     if let Some(i) = args.iter().position(|a| a == "--rss-child") {
@@ -198,13 +263,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .ok_or("--rss-child needs a pace (events/s)")?;
         return rss::child(url, pace);
     }
-    let quick = args.iter().any(|a| a == "--quick");
-    let only: Option<&str> = args
-        .iter()
-        .position(|a| a == "--only")
-        .and_then(|i| args.get(i + 1))
-        .map(|s| s.as_str());
-    let want = |name: &str| only.is_none_or(|o| o.split(',').any(|x| x == name));
+    let Options { quick, only, sizes } = match Options::parse(&args[1..]) {
+        Ok(Some(options)) => options,
+        Ok(None) => {
+            println!("{USAGE}");
+            return Ok(());
+        }
+        Err(e) => {
+            eprintln!("bench: {e}\n\n{USAGE}");
+            std::process::exit(2);
+        }
+    };
+    let want = |name: &str| only.as_ref().is_none_or(|o| o.iter().any(|x| x == name));
     let machine = machine();
     eprintln!(
         "machine: {machine}; event: {} bytes on the wire, 6 properties",
@@ -225,15 +295,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         emit(track::run()?);
     }
     // `--sizes 10000,100000` replaces the growth series (e.g. to profile one size).
-    let sizes: Vec<usize> = match args
-        .iter()
-        .position(|a| a == "--sizes")
-        .and_then(|i| args.get(i + 1))
-    {
-        Some(list) => list.split(',').filter_map(|n| n.parse().ok()).collect(),
-        None if quick => vec![10_000, 100_000],
-        None => vec![10_000, 100_000, 1_000_000],
-    };
+    let sizes = sizes.unwrap_or(if quick {
+        vec![10_000, 100_000]
+    } else {
+        vec![10_000, 100_000, 1_000_000]
+    });
     if want("spill") {
         emit(store::spill(&sizes)?);
     }

@@ -4,8 +4,8 @@
 //! `cargo run --release --example bench [-- --quick]`
 //!
 //! Human table on stderr, JSON report on stdout. `--quick` skips the 1M-event growth runs;
-//! `--only track,spill,cap,always,critical,drain,encrypt,rss,cold,slowlink,trickle` picks scenarios; `--sizes N,M` sets the spill/drain sizes;
-//! anything else is refused with its name (`--help` prints the usage).
+//! `--only track,spill,…` picks scenarios (`SCENARIOS`); `--sizes N,M` sets the spill/drain
+//! sizes; anything else is refused with its name (`--help` prints the usage).
 //! The peak-RSS run re-executes this binary (`--rss-child URL`) so that the high-water mark it
 //! reads belongs to that scenario alone. See BENCHMARKS.md for the figures and the machine.
 
@@ -193,13 +193,17 @@ const SCENARIOS: [&str; 11] = [
     "trickle",
 ];
 
-const USAGE: &str = "usage: bench [--quick] [--only SCENARIO[,SCENARIO...]] [--sizes N[,N...]]
+fn usage() -> String {
+    format!(
+        "usage: bench [--quick] [--only SCENARIO[,SCENARIO...]] [--sizes N[,N...]]
   --quick   without the 1M-event growth runs
-  --only    some of: track, spill, cap, always, critical, drain, encrypt, rss, cold, slowlink,
-            trickle (default: all)
+  --only    some of: {} (default: all)
   --sizes   the spill, drain and encrypt sizes in events (default: 10000,100000 and, without
             --quick, 1000000)
-Table on stderr, JSON on stdout; BENCHMARKS.md says what each row measures.";
+Table on stderr, JSON on stdout; BENCHMARKS.md says what each row measures.",
+        SCENARIOS.join(", ")
+    )
+}
 
 /// The command line: a mistyped flag, scenario or size is refused with its name rather than
 /// running (or skipping) minutes of benchmarks.
@@ -266,15 +270,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let Options { quick, only, sizes } = match Options::parse(&args[1..]) {
         Ok(Some(options)) => options,
         Ok(None) => {
-            println!("{USAGE}");
+            println!("{}", usage());
             return Ok(());
         }
         Err(e) => {
-            eprintln!("bench: {e}\n\n{USAGE}");
+            eprintln!("bench: {e}\n\n{}", usage());
             std::process::exit(2);
         }
     };
-    let want = |name: &str| only.as_ref().is_none_or(|o| o.iter().any(|x| x == name));
+    let want = |name: &str| {
+        debug_assert!(
+            SCENARIOS.contains(&name),
+            "{name} is missing from SCENARIOS"
+        );
+        only.as_ref().is_none_or(|o| o.iter().any(|x| x == name))
+    };
     let machine = machine();
     eprintln!(
         "machine: {machine}; event: {} bytes on the wire, 6 properties",

@@ -188,10 +188,7 @@ fn spill_once(
         let making_s = t.elapsed().as_secs_f64();
         let insert_rate = raw_insert(&dir.path().join("raw-made.db"), &made)?;
         let with_creation = n as f64 / (making_s + n as f64 / insert_rate);
-        let mut cfg = config("http://127.0.0.1:9/unused", &dir.path().join("events.db"));
-        cfg.memory_capacity = 1_000;
-        cfg.encryption_keys = keys.clone();
-        let spool = EventSpool::builder(cfg).start_offline().open()?;
+        let spool = offline_spill_spool(&dir.path().join("events.db"), keys)?;
         let template = properties();
         // The app's properties are built before the clock starts, as the raw side's rows are
         // (and as the `track` rows do): building them is the app's cost, not the SDK's. Past
@@ -231,6 +228,17 @@ fn spill_once(
     }
 }
 
+/// The spill rows' spool: offline, a memory of 1,000, so that everything past it spills.
+fn offline_spill_spool(
+    path: &Path,
+    keys: &EncryptionKeys,
+) -> Result<EventSpool, Box<dyn std::error::Error>> {
+    let mut cfg = config("http://127.0.0.1:9/unused", path);
+    cfg.memory_capacity = 1_000;
+    cfg.encryption_keys = keys.clone();
+    Ok(EventSpool::builder(cfg).start_offline().open()?)
+}
+
 /// Each `track()` call's nanoseconds, sorted, while `n` events spill offline past a memory of
 /// 1,000 (the spill rows' setup), the app's values built before.
 fn track_latencies(
@@ -238,10 +246,7 @@ fn track_latencies(
     keys: &EncryptionKeys,
 ) -> Result<Vec<u64>, Box<dyn std::error::Error>> {
     let dir = tempfile::tempdir()?;
-    let mut cfg = config("http://127.0.0.1:9/unused", &dir.path().join("events.db"));
-    cfg.memory_capacity = 1_000;
-    cfg.encryption_keys = keys.clone();
-    let spool = EventSpool::builder(cfg).start_offline().open()?;
+    let spool = offline_spill_spool(&dir.path().join("events.db"), keys)?;
     let template = properties();
     let values: Vec<serde_json::Value> = (0..n).map(|_| template.clone()).collect();
     let mut times = Vec::with_capacity(n);

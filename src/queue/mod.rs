@@ -454,8 +454,9 @@ impl Queue {
         // thread only writes it (decision 0070). Every other event: the two sides then share
         // the sealing, and most calls do not pay for one. The flag is the last call's look at
         // memory: one event late either way, sealed by the spill thread or sealed and not
-        // spilled.
-        if let Some(store) = &self.store
+        // spilled. A plain store, or none, pays for neither the seal nor the flag.
+        let sealing = self.store.as_ref().filter(|store| store.seals());
+        if let Some(store) = sealing
             && event.seq.is_multiple_of(2)
             && self.spill_behind.load(Ordering::Relaxed)
         {
@@ -464,9 +465,11 @@ impl Queue {
         let event = {
             let mut inbox = self.inbox.lock();
             let held = self.held(&inbox);
-            let behind = held >= capacity + spill::SEAL_AHEAD_PAST;
-            if behind != self.spill_behind.load(Ordering::Relaxed) {
-                self.spill_behind.store(behind, Ordering::Relaxed);
+            if sealing.is_some() {
+                let behind = held >= capacity + spill::SEAL_AHEAD_PAST;
+                if behind != self.spill_behind.load(Ordering::Relaxed) {
+                    self.spill_behind.store(behind, Ordering::Relaxed);
+                }
             }
             if held < limit {
                 inbox.events.push(event);

@@ -187,14 +187,16 @@ impl Store {
         self.keys.seal(BODY, ad, e.wire_tail(id).unwrap_or(&e.json))
     }
 
+    /// New rows are sealed (the store has a current key).
+    pub fn seals(&self) -> bool {
+        self.keys.seals()
+    }
+
     /// `e`'s body sealed now, for a tracking thread to attach to an event bound for the spill
     /// while memory is full: the spill thread then only writes it, and the sealing, the
     /// costliest step of an encrypted row, runs on the thread that made the event, in parallel
     /// with the spill's writes. `None` for a store without keys.
     pub fn seal_ahead(&self, e: &QueuedEvent) -> Option<Box<[u8]>> {
-        if !self.keys.seals() {
-            return None;
-        }
         let mut id_buf = Uuid::encode_buffer();
         let id = e.id.0.hyphenated().encode_lower(&mut id_buf);
         match self.body(e, id) {

@@ -19,13 +19,17 @@ fn a_proxy_refusing_every_body_as_too_large_pauses_and_quarantines_nothing() {
     let mut c = config(&collector);
     c.flush_at = 1_000;
     c.max_batch_events = 200;
+    // Offline until all 200 are queued: the instant clock fires the flush timer at once, and a
+    // batch taken mid-loop of a single event is judged alone (decision 0045) and quarantined.
     let spool = eventspool::EventSpool::builder(c)
         .clock(instant_clock())
+        .start_offline()
         .open()
         .unwrap();
     for i in 0..200 {
         spool.track("e", json!({ "i": i })).unwrap();
     }
+    spool.set_online(true);
     spool.flush();
     let status = wait_state(&spool, "paused", |s| {
         matches!(s, DeliveryState::Paused { .. })

@@ -38,7 +38,7 @@ pub(crate) mod store;
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -205,6 +205,9 @@ pub struct Queue {
     /// `memory_capacity`, [`Queue::gather`]); the tracking thread whose event fills a chunk's
     /// worth ends the wait.
     spill_lingering: AtomicBool,
+    /// Lingers that waited out [`spill::SPILL_LINGER_MAX`] rather than end on a chunk's worth
+    /// or a stop: what tells, without timing, that a burst did not wait for the bound.
+    lingers_ran_out: AtomicU64,
     /// Memory held [`spill::SEAL_AHEAD_PAST`] events past its capacity at the last `track()`:
     /// the spill is behind, and tracking threads seal an encrypting store's bodies ahead.
     spill_behind: AtomicBool,
@@ -355,6 +358,7 @@ impl Queue {
             buffered: AtomicUsize::new(0),
             fold_asked: AtomicBool::new(false),
             spill_lingering: AtomicBool::new(false),
+            lingers_ran_out: AtomicU64::new(0),
             spill_behind: AtomicBool::new(false),
             spill_bursting: AtomicBool::new(false),
             store,

@@ -324,6 +324,9 @@ impl Queue {
             }
         }
         self.spill_lingering.store(false, Ordering::SeqCst);
+        if Instant::now() >= deadline {
+            self.lingers_ran_out.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// Ends a lingering spill's wait (see [`Queue::gather`]): called by the tracking thread
@@ -334,6 +337,12 @@ impl Queue {
             let _signal = lock(&self.signal);
             self.spill_cv.notify_all();
         }
+    }
+
+    /// How many lingers waited out their bound ([`SPILL_LINGER_MAX`]).
+    #[cfg(test)]
+    pub(super) fn lingers_ran_out(&self) -> u64 {
+        self.lingers_ran_out.load(Ordering::Relaxed)
     }
 
     /// Events past `memory_capacity`, the inbox included, without folding it.

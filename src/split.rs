@@ -10,7 +10,10 @@
 //! held, not quarantined; its sibling is sent next; the first accepted request releases the held
 //! events to the quarantine (the collector takes requests, so their refusal is about them), and
 //! a second lone refusal with none accepted means the request itself is refused: pause, with
-//! every event still queued, after about log2(N) + 2 requests.
+//! every event still queued, after about log2(N) + 2 requests. A refused batch of one event
+//! starts a split of its own, and a held event whose pieces are all answered waits on: the next
+//! batch is its sibling, so the verdict does not depend on how the queue was cut into batches
+//! (decision 0071); with nothing else pending it is judged alone.
 //!
 //! A 413 teaches a size: a proxy's `client_max_body_size` refuses every batch above it, so
 //! starting each new batch at the full `max_batch_bytes` again costs one refused upload per
@@ -62,9 +65,21 @@ impl<T> Split<T> {
         }
     }
 
-    /// Events in the batch whose refusal started the split.
+    /// Events sent under this split: the batch whose refusal started it and the batches that
+    /// joined it as a held event's sibling.
     pub fn events(&self) -> usize {
         self.events
+    }
+
+    /// A new batch goes out as the sibling of a held event (the pieces were all answered, or
+    /// the refused batch held one event): its answer counts as the split's.
+    pub fn joined(&mut self, events: usize) {
+        self.events += events;
+    }
+
+    /// Whether a lone refused event waits for a sibling's answer.
+    pub fn holds(&self) -> bool {
+        !self.held.is_empty()
     }
 
     /// A request of the split was accepted (2xx): returns the held events, now known to be
@@ -87,9 +102,8 @@ impl<T> Split<T> {
         LoneRefusal::RequestRefused(all)
     }
 
-    /// Every piece is answered: events still held were refused while the collector answered
-    /// the other pieces with a verdict of their own (a 413 for a lone event), so they are
-    /// quarantined as the collector asked.
+    /// Nothing more to send as a sibling: the events still held are judged alone, quarantined
+    /// as the collector asked.
     pub fn finish(self) -> Vec<T> {
         self.held
     }

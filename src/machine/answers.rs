@@ -117,11 +117,19 @@ impl Machine {
                         self.size_limit.refused(batch.body_bytes);
                     }
                     self.resend_in_halves(batch);
-                } else if too_large {
-                    self.size_limit.refused(batch.body_bytes);
-                    self.lone_refusal(batch, status, reason::TOO_LARGE, detail);
                 } else {
-                    self.lone_refusal(batch, status, reason::BAD_REQUEST, detail);
+                    // A batch of one that was never split (`max_batch_events = 1`, or the one
+                    // event pending when it was taken) is judged as the lone piece of a split
+                    // whose sibling is the next batch: the verdict must not hang on how the
+                    // queue happened to be cut.
+                    self.split.get_or_insert_with(|| Split::new(1));
+                    let why = if too_large {
+                        self.size_limit.refused(batch.body_bytes);
+                        reason::TOO_LARGE
+                    } else {
+                        reason::BAD_REQUEST
+                    };
+                    self.lone_refusal(batch, status, why, detail);
                 }
             }
             Outcome::CutShort { failure } => {
@@ -156,11 +164,22 @@ impl Machine {
             Outcome::Auth { failure } => self.pause(batch, PauseReason::Auth, failure),
             Outcome::Config { failure } => self.pause(batch, PauseReason::Config, failure),
         }
-        // A probe batch asked for has the lone event waiting behind it: the split goes on.
+        // Every piece is answered. A split still holding a suspect goes on: the next batch the
+        // drain asks for is its sibling ([`Machine::no_sibling`] if there is none). A probe
+        // batch asked for has the lone event waiting behind it: the split goes on too.
         if self.work.is_empty()
             && self.asked.is_none()
-            && let Some(split) = self.split.take()
+            && self.split.as_ref().is_some_and(|split| !split.holds())
         {
+            self.split = None;
+        }
+    }
+
+    /// The drain found nothing more to send while a split held a lone refused event: there is
+    /// no sibling to tell a refused request from a refused event, so the held events are
+    /// judged alone, as the collector answered them.
+    pub(super) fn no_sibling(&mut self) {
+        if let Some(split) = self.split.take() {
             for held in split.finish() {
                 self.quarantine_batch(held.batch, held.reason, held.detail, held.status);
             }
@@ -168,8 +187,9 @@ impl Machine {
     }
 
     /// A lone event refused with 400/422 (`why` is `bad_request`) or 413 (`too_large`):
-    /// quarantined, unless the split it came from has had no request accepted, which may mean
-    /// the collector (or a proxy) refuses the request, or every body, whatever its events.
+    /// quarantined, unless the split it came from (one of its own, for a batch of one) has had
+    /// no request accepted, which may mean the collector (or a proxy) refuses the request, or
+    /// every body, whatever its events.
     fn lone_refusal(&mut self, batch: Batch, status: u16, why: &'static str, detail: String) {
         let refused = Refused {
             batch,
@@ -177,10 +197,10 @@ impl Machine {
             reason: why,
             detail,
         };
-        let verdict = match &mut self.split {
-            Some(split) => split.lone_refusal(refused),
-            None => LoneRefusal::Quarantine(refused),
-        };
+        let verdict = self
+            .split
+            .get_or_insert_with(|| Split::new(1))
+            .lone_refusal(refused);
         match verdict {
             LoneRefusal::Quarantine(r) => {
                 self.quarantine_batch(r.batch, r.reason, r.detail, r.status)
@@ -196,8 +216,8 @@ impl Machine {
                 let failure = Failure {
                     status: Some(status),
                     message: format!(
-                        "{what}: a batch of {events} split to single events, none accepted; \
-                         nothing quarantined (collector: {})",
+                        "{what}: {events} events sent, single events included, none \
+                         accepted; nothing quarantined (collector: {})",
                         all.last().map_or(String::new(), |r| {
                             crate::classify::status_text(status, r.detail.as_bytes())
                         })

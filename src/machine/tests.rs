@@ -990,18 +990,59 @@ fn bisection() {
             &["publish sending", "send 2 #2"],
             "sending",
         ),
-        // A lone event refused outside a split is quarantined at once.
+        // A batch of one refused (`max_batch_events = 1`, or the one event pending when the
+        // batch was taken) is held like the lone piece of a split: the next batch is its
+        // sibling, so the verdict does not hang on how the queue was cut.
         row(
             sending(1),
             Status(400),
-            &["note answered 1", "quarantine bad_request 1"],
+            &["note answered 1", THEN_TICK, "next batch <=524224"],
             "sending",
         ),
         row(
             sending(1),
             Status(413),
-            &["note answered 1", "quarantine too_large 1"],
+            &["note answered 1", THEN_TICK, "next batch <=960"],
             "sending",
+        ),
+        // The next batch is accepted: the collector takes requests, the lone event is bad.
+        row(
+            then(sending(1), &[Status(400), Tick, Batch(3)]),
+            Status(200),
+            &["quarantine bad_request 1", "ack 3"],
+            "sending",
+        ),
+        // Nothing behind it: judged alone.
+        row(
+            then(sending(1), &[Status(413), Tick]),
+            Empty,
+            &["quarantine too_large 1", "flush_at seen"],
+            "idle",
+        ),
+        // The next batch, alone too, refused too: every request is refused; pause with both
+        // events kept.
+        row(
+            then(sending(1), &[Status(400), Tick, Batch(1)]),
+            Status(400),
+            &["note answered 1", "release 2"],
+            "paused config",
+        ),
+        // A larger next batch refused is split as usual, within the same evidence.
+        row(
+            then(
+                sending(1),
+                &[Status(413), Tick, Batch(2), Status(413), Tick],
+            ),
+            Status(413),
+            &["note answered 1", "release 3"],
+            "paused config",
+        ),
+        // Offline meanwhile: the held event goes back to the queue.
+        row(
+            then(sending(1), &[Status(400)]),
+            Online(false),
+            &["release 1"],
+            "offline",
         ),
         // In a split: the first lone refusal is held until a sibling shows the collector
         // takes requests...
@@ -1073,7 +1114,7 @@ fn bisection() {
             "sending",
         ),
     ];
-    assert_eq!(drive(policy(), &rows), 17);
+    assert_eq!(drive(policy(), &rows), 22);
 }
 
 /// `max_event_sends` (2 here): an event in requests that got no answer is isolated by halving,

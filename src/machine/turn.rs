@@ -157,6 +157,10 @@ impl Machine {
         match (self.asked.take(), events) {
             (Some(Asked::Drain), Some(events)) => {
                 self.report_only = false;
+                if let Some(split) = &mut self.split {
+                    // The sibling of a held lone event: its answer is the split's evidence.
+                    split.joined(events.len());
+                }
                 self.work.push_back(Batch::new(events));
                 self.send_front(wall_ms);
             }
@@ -165,6 +169,7 @@ impl Machine {
                 self.send_front(wall_ms);
             }
             (Some(Asked::Drain), None) => {
+                self.no_sibling();
                 self.mode = Mode::Idle;
                 self.drained = true;
                 self.out.push(Action::FlushAtSeen);

@@ -162,9 +162,12 @@ fn quarantine_cap_and_retention_evict_oldest_first_with_exact_counts() {
             .start_offline()
             .open()
             .unwrap();
+        // Each refused event alone is held until the next request shows the collector takes
+        // requests (decision 0045): a good event follows each one.
         let mut ids = Vec::new();
         for i in 0..8 {
             ids.push(spool.track("poison", json!({"i": i})).unwrap().to_string());
+            spool.track("fine", json!({"i": i})).unwrap();
         }
         spool.set_online(true);
         assert!(spool.wait_drained(WAIT), "{}", spool.state());

@@ -1,7 +1,8 @@
-//! Answers from a network that is wrong, not hostile (docs/decisions/0045): a proxy refusing
-//! every body as too large pauses the spool with every event kept, after a handful of requests.
+//! Answers from a network that is wrong, not hostile (docs/decisions/0045, 0071): a proxy refusing
+//! every body as too large pauses the spool with every event kept, after a handful of requests,
+//! however the queue is cut into batches.
 
-use eventspool::{DeliveryState, PauseReason};
+use eventspool::{DeliveryState, DeliveryStatus, PauseReason, Stats};
 use eventspool_collector::Behavior;
 use serde_json::json;
 
@@ -11,6 +12,29 @@ use crate::common::*;
 /// (`Paused{config}`, the reason in the last error) instead of quarantining all 200 events.
 #[test]
 fn a_proxy_refusing_every_body_as_too_large_pauses_and_quarantines_nothing() {
+    let (status, stats) = every_body_refused(200, 200);
+    assert_paused_on_413(&status);
+    assert_eq!(stats.quarantined, 0, "{stats:?}");
+    assert_eq!(stats.pending, 200, "every event kept: {stats:?}");
+    // 200 → 100 → 50 → 25 → 13 → 7 → 4 → 2 → 1, then the sibling: about log2(200) + 2.
+    assert!(stats.requests <= 12, "{} requests", stats.requests);
+}
+
+/// The same proxy with batches of one event (`max_batch_events = 1`, or one event pending when
+/// the batch was taken): the first refused event waits for the next batch's answer instead of
+/// being judged alone, so the spool pauses after two requests with nothing quarantined.
+#[test]
+fn a_proxy_refusing_every_body_pauses_when_each_batch_holds_one_event() {
+    let (status, stats) = every_body_refused(1, 20);
+    assert_paused_on_413(&status);
+    assert_eq!(stats.quarantined, 0, "{stats:?}");
+    assert_eq!(stats.pending, 20, "every event kept: {stats:?}");
+    assert_eq!(stats.requests, 2, "{stats:?}");
+}
+
+/// `events` tracked offline, then delivered in batches of at most `max_batch_events` to a
+/// collector refusing every body above 10 bytes; returns the paused state and the counts.
+fn every_body_refused(max_batch_events: u64, events: u64) -> (DeliveryStatus, Stats) {
     let collector = collector();
     collector.set_behavior(Behavior {
         max_body_bytes: Some(10),
@@ -18,15 +42,15 @@ fn a_proxy_refusing_every_body_as_too_large_pauses_and_quarantines_nothing() {
     });
     let mut c = config(&collector);
     c.flush_at = 1_000;
-    c.max_batch_events = 200;
-    // Offline until all 200 are queued: the instant clock fires the flush timer at once, and a
-    // batch taken mid-loop of a single event is judged alone (decision 0045) and quarantined.
+    c.max_batch_events = max_batch_events;
+    // Offline until all are queued: the instant clock fires the flush timer at once, and the
+    // batches are then cut the same way on every run.
     let spool = eventspool::EventSpool::builder(c)
         .clock(instant_clock())
         .start_offline()
         .open()
         .unwrap();
-    for i in 0..200 {
+    for i in 0..events {
         spool.track("e", json!({ "i": i })).unwrap();
     }
     spool.set_online(true);
@@ -34,15 +58,14 @@ fn a_proxy_refusing_every_body_as_too_large_pauses_and_quarantines_nothing() {
     let status = wait_state(&spool, "paused", |s| {
         matches!(s, DeliveryState::Paused { .. })
     });
+    (status, spool.stats())
+}
+
+fn assert_paused_on_413(status: &DeliveryStatus) {
     let DeliveryState::Paused { reason, last_error } = &status.state else {
         unreachable!()
     };
     assert_eq!(*reason, PauseReason::Config);
     assert_eq!(last_error.status, Some(413));
     assert!(last_error.message.contains("too large"), "{last_error}");
-    let stats = spool.stats();
-    assert_eq!(stats.quarantined, 0, "{stats:?}");
-    assert_eq!(stats.pending, 200, "every event kept: {stats:?}");
-    // 200 → 100 → 50 → 25 → 13 → 7 → 4 → 2 → 1, then the sibling: about log2(200) + 2.
-    assert!(stats.requests <= 12, "{} requests", stats.requests);
 }

@@ -13,7 +13,8 @@
 //! every event still queued, after about log2(N) + 2 requests. A refused batch of one event
 //! starts a split of its own, and a held event whose pieces are all answered waits on: the next
 //! batch is its sibling, so the verdict does not depend on how the queue was cut into batches
-//! (decision 0071); with nothing else pending it is judged alone.
+//! (decision 0071); with nothing else pending it is judged alone, where a 413 for a body under
+//! [`MIN_LEARNED_BYTES`] still tells that every body is refused.
 //!
 //! A 413 teaches a size: a proxy's `client_max_body_size` refuses every batch above it, so
 //! starting each new batch at the full `max_batch_bytes` again costs one refused upload per

@@ -9,7 +9,7 @@ use super::{Action, Asked, Batch, Events, Machine, Mode, Refused};
 use crate::classify::{Failure, Outcome};
 use crate::event::SendNote;
 use crate::quarantine::reason;
-use crate::split::{LoneRefusal, Split};
+use crate::split::{LoneRefusal, MIN_LEARNED_BYTES, Split};
 use crate::state::PauseReason;
 
 impl Machine {
@@ -177,13 +177,27 @@ impl Machine {
 
     /// The drain found nothing more to send while a split held a lone refused event: there is
     /// no sibling to tell a refused request from a refused event, so the held events are
-    /// judged alone, as the collector answered them.
-    pub(super) fn no_sibling(&mut self) {
-        if let Some(split) = self.split.take() {
-            for held in split.finish() {
-                self.quarantine_batch(held.batch, held.reason, held.detail, held.status);
-            }
+    /// judged alone, as the collector answered them. Except a 413 for a body under
+    /// [`MIN_LEARNED_BYTES`]: no proxy limits bodies to that, so every body is refused, and
+    /// delivery pauses with the events kept (decision 0071) rather than send each event of a
+    /// trickle to the quarantine in turn. Returns whether it paused.
+    pub(super) fn no_sibling(&mut self) -> bool {
+        let Some(split) = self.split.take() else {
+            return false;
+        };
+        let held = split.finish();
+        let every_body_refused = held
+            .iter()
+            .any(|r| r.reason == reason::TOO_LARGE && r.batch.body_bytes < MIN_LEARNED_BYTES);
+        if every_body_refused {
+            let what = "every body is refused as too large, even a single event of under 1 KiB";
+            self.request_refused(held, what);
+            return true;
         }
+        for r in held {
+            self.quarantine_batch(r.batch, r.reason, r.detail, r.status);
+        }
+        false
     }
 
     /// A lone event refused with 400/422 (`why` is `bad_request`) or 413 (`too_large`):
@@ -207,30 +221,36 @@ impl Machine {
             }
             LoneRefusal::Held => {}
             LoneRefusal::RequestRefused(all) => {
-                let events = self.split.as_ref().map_or(0, Split::events);
+                let events = self.split.take().map_or(0, |split| split.events());
                 let what = if why == reason::TOO_LARGE {
                     "every body is refused as too large, down to a single event"
                 } else {
                     "the request is refused, not its events"
                 };
-                let failure = Failure {
-                    status: Some(status),
-                    message: format!(
-                        "{what}: {events} events sent, single events included, none \
-                         accepted; nothing quarantined (collector: {})",
-                        all.last().map_or(String::new(), |r| {
-                            crate::classify::status_text(status, r.detail.as_bytes())
-                        })
-                    ),
-                };
-                for r in all.into_iter().rev() {
-                    self.work.push_front(r.batch);
-                }
-                let front = self.work.pop_front();
-                if let Some(front) = front {
-                    self.pause(front, PauseReason::Config, failure);
-                }
+                let what = format!("{what}: {events} events sent, single events included");
+                self.request_refused(all, &what);
             }
+        }
+    }
+
+    /// The collector (or a proxy before it) refuses requests whatever their events: pause as
+    /// `Paused{config}`, the refused events given back to the queue first, nothing quarantined.
+    fn request_refused(&mut self, refused: Vec<Refused>, what: &str) {
+        let Some(last) = refused.last() else {
+            return;
+        };
+        let failure = Failure {
+            status: Some(last.status),
+            message: format!(
+                "{what}, none accepted; nothing quarantined (collector: {})",
+                crate::classify::status_text(last.status, last.detail.as_bytes())
+            ),
+        };
+        for r in refused.into_iter().rev() {
+            self.work.push_front(r.batch);
+        }
+        if let Some(front) = self.work.pop_front() {
+            self.pause(front, PauseReason::Config, failure);
         }
     }
 

@@ -169,10 +169,13 @@ impl Machine {
                 self.send_front(wall_ms);
             }
             (Some(Asked::Drain), None) => {
-                self.no_sibling();
-                self.mode = Mode::Idle;
-                self.drained = true;
-                self.out.push(Action::FlushAtSeen);
+                // A lone refused event held for a sibling is judged now; if that pauses, the
+                // drain ends paused, not idle.
+                if !self.no_sibling() {
+                    self.mode = Mode::Idle;
+                    self.drained = true;
+                    self.out.push(Action::FlushAtSeen);
+                }
             }
             (
                 Some(Asked::Probe {

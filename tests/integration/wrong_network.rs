@@ -32,6 +32,18 @@ fn a_proxy_refusing_every_body_pauses_when_each_batch_holds_one_event() {
     assert_eq!(stats.requests, 2, "{stats:?}");
 }
 
+/// The same proxy and an app tracking one event at a time, nothing pending behind it: a 413 for
+/// a body of a few hundred bytes is no size limit any proxy has, so the event is kept and the
+/// spool pauses, instead of every event of the trickle going to the quarantine one by one.
+#[test]
+fn a_proxy_refusing_every_body_pauses_on_the_first_event_of_a_trickle() {
+    let (status, stats) = every_body_refused(1, 1);
+    assert_paused_on_413(&status);
+    assert_eq!(stats.quarantined, 0, "{stats:?}");
+    assert_eq!(stats.pending, 1, "the event kept: {stats:?}");
+    assert_eq!(stats.requests, 1, "{stats:?}");
+}
+
 /// `events` tracked offline, then delivered in batches of at most `max_batch_events` to a
 /// collector refusing every body above 10 bytes; returns the paused state and the counts.
 fn every_body_refused(max_batch_events: u64, events: u64) -> (DeliveryStatus, Stats) {

@@ -72,7 +72,11 @@ impl Machine {
             && let Some(split) = &mut self.split
         {
             for held in split.accepted() {
-                self.quarantine_batch(held.batch, held.reason, held.detail, held.status);
+                if self.stale_too_large(&held, batch.body_bytes) {
+                    self.send_again_after_413(held);
+                } else {
+                    self.quarantine_batch(held.batch, held.reason, held.detail, held.status);
+                }
             }
         }
         match outcome {
@@ -175,6 +179,26 @@ impl Machine {
         }
     }
 
+    /// A lone event refused with 413 while the collector takes other requests, its body under
+    /// [`MIN_LEARNED_BYTES`] (no size limit a proxy has) or no larger than one just accepted
+    /// (`accepted_bytes`, 0 when none is at hand): the refusal was not about its size (a proxy
+    /// in front was fixed, or its limit raised, between the requests), so it is sent again
+    /// instead of quarantined, once.
+    pub(super) fn stale_too_large(&self, refused: &Refused, accepted_bytes: u64) -> bool {
+        let body = refused.batch.body_bytes;
+        refused.reason == reason::TOO_LARGE
+            && (body < MIN_LEARNED_BYTES || body <= accepted_bytes)
+            && !refused.batch.resent_after_413
+    }
+
+    /// Sends a lone event whose 413 was stale ([`Machine::stale_too_large`]) again, first in
+    /// the work: it is older than the pieces still to go.
+    fn send_again_after_413(&mut self, refused: Refused) {
+        let mut again = refused.batch;
+        again.resent_after_413 = true;
+        self.work.push_front(again);
+    }
+
     /// The drain found nothing more to send while a split held a lone refused event: there is
     /// no sibling to tell a refused request from a refused event, so the held events are
     /// judged alone, as the collector answered them. Except a 413 for a body under
@@ -216,6 +240,9 @@ impl Machine {
             .get_or_insert_with(|| Split::new(1))
             .lone_refusal(refused);
         match verdict {
+            LoneRefusal::Quarantine(r) if self.stale_too_large(&r, 0) => {
+                self.send_again_after_413(r)
+            }
             LoneRefusal::Quarantine(r) => {
                 self.quarantine_batch(r.batch, r.reason, r.detail, r.status)
             }

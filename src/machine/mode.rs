@@ -50,6 +50,11 @@ pub(super) struct Batch {
     pub(super) events: Events,
     pub(super) attempts: u32,
     pub(super) body_bytes: u64,
+    /// Sent again because its 413 was found stale (see [`Machine::stale_too_large`]): a
+    /// second 413 is its own.
+    ///
+    /// [`Machine::stale_too_large`]: super::Machine::stale_too_large
+    pub(super) resent_after_413: bool,
 }
 
 impl Batch {
@@ -58,6 +63,7 @@ impl Batch {
             events,
             attempts: 0,
             body_bytes: 0,
+            resent_after_413: false,
         }
     }
 }

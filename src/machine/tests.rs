@@ -1066,6 +1066,29 @@ fn bisection() {
             &["quarantine bad_request 1", "ack 1"],
             "sending",
         ),
+        // A 413 held, then a body as large accepted: the refusal was not about its size (a
+        // proxy fixed between the two requests); it is sent again, once...
+        row(
+            then(split2(), &[Tick, Status(413), Tick]),
+            Status(200),
+            &["ack 1", THEN_TICK, "publish sending", "send 1 #3"],
+            "sending",
+        ),
+        // ...and refused with 413 again, the collector taking other requests, it is quarantined.
+        row(
+            then(split2(), &[Tick, Status(413), Tick, Status(200), Tick]),
+            Status(413),
+            &["note answered 1", "quarantine too_large 1"],
+            "sending",
+        ),
+        // A 413 for one event after a request of the split was accepted, its body under 1 KiB:
+        // no size limit; it goes again first, once.
+        row(
+            then(split4(), &[Tick, Status(200), Tick, Status(413), Tick]),
+            Status(413),
+            &["note answered 1", THEN_TICK, "publish sending", "send 1 #4"],
+            "sending",
+        ),
         // ...after which every lone refusal is the event's own.
         row(
             then(split4(), &[Tick, Status(200), Tick, Status(400), Tick]),
@@ -1122,7 +1145,7 @@ fn bisection() {
             "sending",
         ),
     ];
-    assert_eq!(drive(policy(), &rows), 23);
+    assert_eq!(drive(policy(), &rows), 26);
 }
 
 /// `max_event_sends` (2 here): an event in requests that got no answer is isolated by halving,

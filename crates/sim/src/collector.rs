@@ -4,7 +4,7 @@
 //! §Responses, a captive portal's web page, and directives, hostile ones included. Each device
 //! has its own view (ids never repeat across devices), so one device replays alone.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use eventspool::{HttpResponse, format_timestamp};
 use serde_json::{Value, json};
@@ -36,6 +36,9 @@ pub struct Collector {
     /// Times each id was refused alone or listed as rejected.
     pub refusals: HashMap<String, u32>,
     pub requests: u64,
+    /// Ids refused alone with a 413 for a body of at least [`SMALL_BODY_BYTES`] (the event
+    /// with a client report beside it): the SDK may take that for a size limit.
+    pub large_lone_413: HashSet<String>,
     /// Answers in a thousand that carry a directive: most collectors send one now and then,
     /// some (a fleet being steered, a misconfigured one) in many answers, so that ids come back
     /// round (A, B, A) while the quarantine holds dead letters.
@@ -51,6 +54,10 @@ pub struct Mood {
     /// The device's wall clock, for `pause_until`.
     pub wall_ms: i64,
 }
+
+/// The SDK's floor for a size a 413 may teach (`MIN_LEARNED_BYTES`): a 413 for a smaller body
+/// is no size limit.
+pub const SMALL_BODY_BYTES: usize = 1024;
 
 /// A reason long enough that a 2xx rejecting a whole batch of them outgrows the SDK's read bound.
 const LONG_REASON_BYTES: usize = 4 * 1024;
@@ -156,6 +163,9 @@ impl Collector {
                 reply.response = response(413, "Request Entity Too Large");
                 if events.len() == 1 {
                     reply.refused.push(events[0].id.clone());
+                    if body_len >= SMALL_BODY_BYTES {
+                        self.large_lone_413.insert(events[0].id.clone());
+                    }
                 }
             }
             _ if events.iter().any(|e| e.name == "poison") => {

@@ -89,6 +89,13 @@ const FOUND: &[(u64, usize, u64, usize, &str)] = &[
         30,
         "a damaged row the full disk kept from the quarantine threw the read away: memory went first",
     ),
+    (
+        0x5eed_0001,
+        80,
+        25,
+        4,
+        "behind a proxy refusing every body, a lone event was quarantined as too large after one 413",
+    ),
 ];
 
 #[test]

@@ -82,11 +82,15 @@ impl Device {
     }
 
     /// The dead letters a purge about to run may delete: gone by choice, not lost.
-    pub(super) fn note_purgeable(&mut self) {
-        let Some(spool) = self.spool() else { return };
+    pub(super) fn note_purgeable(&mut self) -> Result<(), Finding> {
+        let Some(spool) = self.spool() else {
+            return Ok(());
+        };
         if let Ok(list) = spool.quarantine_list(&ListFilter::default()) {
+            self.check_too_large(&list)?;
             self.purgeable.extend(list.into_iter().map(|q| q.event_id));
         }
+        Ok(())
     }
 
     /// Carries out one step of the plan.
@@ -225,6 +229,9 @@ impl Device {
             }
             Step::Redrive => {
                 self.replayed = None;
+                if let Ok(list) = spool.quarantine_list(&ListFilter::default()) {
+                    self.check_too_large(&list)?;
+                }
                 if spool
                     .quarantine_redrive(&Selector::All)
                     .is_ok_and(|n| n > 0)
@@ -235,7 +242,7 @@ impl Device {
             }
             Step::PurgeQuarantine => {
                 self.replayed = None;
-                self.note_purgeable();
+                self.note_purgeable()?;
                 let _ = spool.quarantine_purge(&Selector::All);
             }
             Step::ClearDirective => {

@@ -281,7 +281,7 @@ impl Device {
         if let Some((id, redrive, pause)) = f.directive {
             // A directive may purge dead letters (once per id): what the quarantine holds now
             // may be gone by the collector's choice.
-            self.note_purgeable();
+            self.note_purgeable()?;
             let seen = self.directive_faults.get(&id).copied();
             if seen == Some(self.figures.faults)
                 && let Some(spool) = self.spool()

@@ -4,7 +4,7 @@
 
 use std::collections::HashSet;
 
-use eventspool::{DeliveryState, ListFilter};
+use eventspool::{DeliveryState, ListFilter, QuarantinedEvent};
 
 use super::{Device, Finding, lock};
 
@@ -196,6 +196,7 @@ impl Device {
         let listed = spool
             .quarantine_list(&ListFilter::default())
             .map_err(|e| format!("quarantine_list: {e}"))?;
+        self.check_too_large(&listed)?;
         // A damaged row's payload is lost: quarantined, it is there as `undecryptable`.
         for q in &listed {
             let Some(&idx) = self.by_id.get(&q.event_id) else {
@@ -240,6 +241,30 @@ impl Device {
                 missing.len(),
                 missing[0]
             ));
+        }
+        Ok(())
+    }
+
+    /// The collector takes 48 KiB, so a 413 for one event alone is a proxy's that refuses every
+    /// body. For a body under 1 KiB the SDK keeps such an event (a pause) or sends it again
+    /// once the collector takes requests, and quarantines it as too large only after a second
+    /// 413 (decision 0071); a larger body (the event with a client report) may pass for a size
+    /// limit. Checked whenever the dead letters are about to change by choice (a purge, a
+    /// redrive) and at the audit.
+    pub(super) fn check_too_large(&self, listed: &[QuarantinedEvent]) -> Result<(), Finding> {
+        for q in listed.iter().filter(|q| q.reason == "too_large") {
+            let refusals = self
+                .collector
+                .refusals
+                .get(&q.event_id)
+                .copied()
+                .unwrap_or(0);
+            if refusals < 2 && !self.collector.large_lone_413.contains(&q.event_id) {
+                let idx = self.by_id.get(&q.event_id).copied().unwrap_or(usize::MAX);
+                return Err(format!(
+                    "event {idx} is quarantined as too_large after {refusals} refusal(s) of a body under 1 KiB"
+                ));
+            }
         }
         Ok(())
     }

@@ -9,7 +9,7 @@ use super::{Action, Asked, Batch, Events, Machine, Mode, Refused};
 use crate::classify::{Failure, Outcome};
 use crate::event::SendNote;
 use crate::quarantine::reason;
-use crate::split::{LoneRefusal, MIN_LEARNED_BYTES, Split};
+use crate::split::{LoneRefusal, Split};
 use crate::state::PauseReason;
 
 impl Machine {
@@ -124,9 +124,8 @@ impl Machine {
                 } else {
                     // A batch of one that was never split (`max_batch_events = 1`, or the one
                     // event pending when it was taken) is judged as the lone piece of a split
-                    // whose sibling is the next batch: the verdict must not hang on how the
-                    // queue happened to be cut.
-                    self.split.get_or_insert_with(|| Split::new(1));
+                    // whose sibling is the next batch (`lone_refusal` starts it): the verdict
+                    // must not hang on how the queue happened to be cut.
                     let why = if too_large {
                         self.size_limit.refused(batch.body_bytes);
                         reason::TOO_LARGE
@@ -180,14 +179,13 @@ impl Machine {
     }
 
     /// A lone event refused with 413 while the collector takes other requests, its body under
-    /// [`MIN_LEARNED_BYTES`] (no size limit a proxy has) or no larger than one just accepted
+    /// [`MIN_LEARNED_BYTES`](crate::split::MIN_LEARNED_BYTES) (no size limit a proxy has) or no larger than one just accepted
     /// (`accepted_bytes`, 0 when none is at hand): the refusal was not about its size (a proxy
     /// in front was fixed, or its limit raised, between the requests), so it is sent again
     /// instead of quarantined, once.
     pub(super) fn stale_too_large(&self, refused: &Refused, accepted_bytes: u64) -> bool {
-        let body = refused.batch.body_bytes;
         refused.reason == reason::TOO_LARGE
-            && (body < MIN_LEARNED_BYTES || body <= accepted_bytes)
+            && (refused.below_any_size_limit() || refused.batch.body_bytes <= accepted_bytes)
             && !refused.batch.resent_after_413
     }
 
@@ -202,7 +200,7 @@ impl Machine {
     /// The drain found nothing more to send while a split held a lone refused event: there is
     /// no sibling to tell a refused request from a refused event, so the held events are
     /// judged alone, as the collector answered them. Except a 413 for a body under
-    /// [`MIN_LEARNED_BYTES`]: no proxy limits bodies to that, so every body is refused, and
+    /// [`MIN_LEARNED_BYTES`](crate::split::MIN_LEARNED_BYTES): no proxy limits bodies to that, so every body is refused, and
     /// delivery pauses with the events kept (decision 0071) rather than send each event of a
     /// trickle to the quarantine in turn. Returns whether it paused.
     pub(super) fn no_sibling(&mut self) -> bool {
@@ -212,7 +210,7 @@ impl Machine {
         let held = split.finish();
         let every_body_refused = held
             .iter()
-            .any(|r| r.reason == reason::TOO_LARGE && r.batch.body_bytes < MIN_LEARNED_BYTES);
+            .any(|r| r.reason == reason::TOO_LARGE && r.below_any_size_limit());
         if every_body_refused {
             let what = "every body is refused as too large, even a single event of under 1 KiB";
             self.request_refused(held, what);

@@ -5,6 +5,7 @@
 
 use super::Events;
 use crate::classify::Failure;
+use crate::split::MIN_LEARNED_BYTES;
 use crate::state::{DeferReason, PauseReason};
 
 /// Where the machine stands; the published [`DeliveryState`] is derived from it.
@@ -77,6 +78,14 @@ pub(super) struct Refused {
     /// The quarantine reason it gets if the collector turns out to take other requests.
     pub(super) reason: &'static str,
     pub(super) detail: String,
+}
+
+impl Refused {
+    /// Its body is under [`MIN_LEARNED_BYTES`]: no proxy limits bodies to that, so a 413 for
+    /// it says every body is refused, not that it is too large.
+    pub(super) fn below_any_size_limit(&self) -> bool {
+        self.batch.body_bytes < MIN_LEARNED_BYTES
+    }
 }
 
 /// The question asked with [`Action::NextBatch`] / [`Action::ProbeBatch`], waiting for its

@@ -345,8 +345,12 @@ pub fn always() -> Result<Vec<Row>, Box<dyn std::error::Error>> {
     ] {
         v.sort_unstable();
     }
+    let deciles =
+        |v: &[u64]| -> Vec<u64> { (1..10).map(|d| percentile(v, d as f64 / 10.0)).collect() };
+    let (four_deciles, mutex_deciles) = (deciles(&four.times), deciles(&mutex.times));
     let detail = json!({
         "calls": COMMITS, "rounds": ROUNDS, "threads": ALWAYS_THREADS,
+        "always_4_threads_deciles_ns": four_deciles, "mutex_4_threads_deciles_ns": mutex_deciles,
         "raw_p99_ns": percentile(&raw, 0.99),
         "always_1_thread_p99_ns": percentile(&one.times, 0.99),
         "always_4_threads_p99_ns": percentile(&four.times, 0.99),

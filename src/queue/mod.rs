@@ -6,11 +6,13 @@
 //!
 //! # Locks, in the order they are taken
 //!
+//! 0. `durable_gate`: `durability = always` callers pass it one at a time, and only the one
+//!    inside takes `spill_lock` to commit (see [`Queue::push_durably`]).
 //! 1. `spill_lock`: serializes moving events between memory and the store, so no event is ever
 //!    in neither place or counted in both. Held by the spill (one chunk), persist, batch
 //!    assembly, acknowledgement, redrive and purge; never by `track()` with `durability =
-//!    spill`. With `durability = always` it is the group-commit lock: the caller that gets it
-//!    commits for everyone who queued meanwhile (see [`Queue::push_durably`]).
+//!    spill`. With `durability = always` the caller inside the gate takes it and commits for
+//!    everyone who queued meanwhile.
 //! 2. `buffer`: the sorted memory queue, the spill backlog and the batch in flight. Held for
 //!    in-memory work only, never across SQLite.
 //! 3. `inbox`: where `track()` appends while memory has room. It is the only lock on the hot
@@ -20,9 +22,6 @@
 //!    sees delivery order.
 //! 4. `signal` (the spill thread's mailbox), then the store's own connection mutex and lease
 //!    list, and the memory quarantine: leaves, taken last and alone.
-//! 5. `group`: who leads the next `durability = always` commit, and its followers' wait. A
-//!    leaf like `signal`: nothing is taken while it is held (the leader keeps a flag, not the
-//!    mutex, while it takes the spill lock and commits).
 //!
 //! Nothing here calls app code; refusals are queued as notices for the caller to deliver once
 //! it let go of every lock ([`crate::shared::Shared::deliver_notices`]).
@@ -71,8 +70,10 @@ const INBOX_ROOM_MAX: usize = 4_096;
 /// durability (the event stays queued in memory and the call returns `Error::NotDurable`).
 const ALWAYS_COMMIT_WAIT: Duration = Duration::from_secs(5);
 
-/// How long a durable follower watches for the leader's commit to end before it sleeps.
-const FOLLOWER_SPIN: Duration = Duration::from_micros(20);
+/// How long the durable caller inside the gate waits for the spill lock before it looks
+/// again at whether another thread's commit (the spill thread's, `persist()`'s) carried its
+/// events.
+const SPILL_LOCK_SLICE: Duration = Duration::from_millis(1);
 
 /// The spill thread's mailbox, and the generations `durability = always` callers wait for.
 #[derive(Default)]
@@ -92,41 +93,6 @@ struct SpillSignal {
     tickets: HashMap<u64, Ticket>,
     waiting: HashMap<u64, u64>,
     next_ticket: u64,
-}
-
-/// Who commits for the durable callers waiting now. One of them leads: it commits everything
-/// queued when its commit starts, the others wait for that commit to end, not for the spill
-/// lock. Before, each waited for the spill lock in turn to learn that the commit before it had
-/// carried its event, one hand-off and one wake-up after the other: the fourth of four callers
-/// paid three of them after its own commit, and all waited while the worker held the lock.
-#[derive(Debug, Default)]
-struct Group {
-    /// A durable caller is committing (or waiting for the spill lock to commit).
-    leading: bool,
-    /// Commits led so far: a follower waits until this moves.
-    led: u64,
-    /// Moves when another thread (the spill thread, `persist()`, a purge) settled tickets, so
-    /// the followers it served leave without waiting for the leader.
-    settled: u64,
-    /// Followers waiting: the leader wakes nobody when there are none.
-    followers: usize,
-}
-
-/// Ends a lead, even if the commit panicked, and wakes the followers.
-struct Lead<'a>(&'a Queue);
-
-impl Drop for Lead<'_> {
-    fn drop(&mut self) {
-        let mut group = lock(&self.0.group);
-        group.leading = false;
-        group.led += 1;
-        self.0.group_ends.fetch_add(1, Ordering::Release);
-        let wake = group.followers > 0;
-        drop(group);
-        if wake {
-            self.0.group_cv.notify_all();
-        }
-    }
 }
 
 /// One durable caller's wait.
@@ -218,12 +184,11 @@ pub struct Queue {
     memory_quarantine: Mutex<MemoryQuarantine>,
     signal: Mutex<SpillSignal>,
     spill_cv: Condvar,
-    /// The group commit of `durability = always` callers: who leads it, and the followers'
-    /// wait ([`Queue::push_durably`]).
-    group: Mutex<Group>,
-    group_cv: Condvar,
-    /// Moves with `Group::led` and `Group::settled`, for followers to watch without the lock.
-    group_ends: std::sync::atomic::AtomicU64,
+    /// The door `durability = always` callers pass one at a time to commit
+    /// ([`Queue::commit_through_gate`]). A plain mutex on purpose: the thread that lets it go
+    /// takes it again before a woken waiter runs, and its next commit carries the waiters'
+    /// queued events too, so each of them leaves as soon as it gets in (decision 0072).
+    durable_gate: Mutex<()>,
     /// Refused spills in a row ([`Queue::spill_retry_delay`]).
     spill_refusals: AtomicU32,
     /// The batch a consent denial spared because it was on the wire, by seq: deleted if it
@@ -365,9 +330,7 @@ impl Queue {
             memory_quarantine: Mutex::new(MemoryQuarantine::default()),
             signal: Mutex::new(SpillSignal::default()),
             spill_cv: Condvar::new(),
-            group: Mutex::new(Group::default()),
-            group_cv: Condvar::new(),
-            group_ends: std::sync::atomic::AtomicU64::new(0),
+            durable_gate: Mutex::new(()),
             spill_refusals: AtomicU32::new(0),
             spared_by_denial: Mutex::new(Vec::new()),
         }
@@ -514,10 +477,9 @@ impl Queue {
 
     /// `durability = always` (or a critical event): queues the events and returns once the
     /// store holds them, or why not. Group commit on the callers' own threads: each caller
-    /// queues its events; if no caller leads a commit, it leads one at once (takes the spill
-    /// lock and commits everything queued by then), otherwise it waits for the leader's commit
-    /// to end, and leaves if that commit held its events ([`Group`]): a follower never waits
-    /// for the spill lock itself, so the callers of one commit leave together. With
+    /// queues its events, then passes the gate ([`Queue::commit_through_gate`]), where it
+    /// leaves at once if an earlier commit carried them, or commits everything queued by then.
+    /// With
     /// `durability = spill` (a critical event) the caller writes only the oldest events, as
     /// many as durable callers wait for (critical events sort before every normal one), so it
     /// is done once its own events commit, not once the whole backlog is on disk. The
@@ -567,69 +529,32 @@ impl Queue {
                 };
                 return Err(self.abandon_ticket(ticket, reason));
             }
-            let Some(_lead) = self.lead_or_follow(left) else {
-                // A commit ended (or the wait did): it may have carried this caller's events.
-                continue;
-            };
-            // Leading: the commit starts now, with whatever is queued (no lingering for more;
-            // who comes meanwhile is in the next group, led by one of them).
-            let Some(guard) = self.spill_lock.try_lock_for(left) else {
-                continue;
-            };
-            if !self.ticket_outcome_ready(ticket) {
+            self.commit_through_gate(ticket, left);
+        }
+    }
+
+    /// One pass of a durable caller through the gate: inside, it leaves if a commit made
+    /// meanwhile carried its events; otherwise it takes the spill lock and commits everything
+    /// queued by then (no lingering for more callers). Who arrives during that commit waits at
+    /// the gate; the caller that leaves usually takes the gate again for its next event before
+    /// they wake, and that commit carries theirs as well. The spill lock is waited for in
+    /// slices so that a commit another thread makes (the spill thread, `persist()`) lets the
+    /// caller leave while that thread still holds it. A caller waits at the gate for at most
+    /// the caller inside: `left` of its own, then one commit.
+    fn commit_through_gate(&self, ticket: u64, left: Duration) {
+        let _gate = lock(&self.durable_gate);
+        let until = Instant::now() + left;
+        while !self.ticket_outcome_ready(ticket) {
+            let slice = until.saturating_duration_since(Instant::now());
+            if slice.is_zero() {
+                return;
+            }
+            if let Some(guard) = self.spill_lock.try_lock_for(slice.min(SPILL_LOCK_SLICE)) {
                 let _ = self.spill_for_durable();
-            }
-            parking_lot::MutexGuard::unlock_fair(guard);
-        }
-    }
-
-    /// Becomes the group's leader if none leads (`Some`: the lead ends when it is dropped), or
-    /// waits, at most `left`, for the leader's commit to end or another thread to settle
-    /// tickets (`None`).
-    fn lead_or_follow(&self, left: Duration) -> Option<Lead<'_>> {
-        let mut group = lock(&self.group);
-        if !group.leading {
-            group.leading = true;
-            return Some(Lead(self));
-        }
-        let (led, settled) = (group.led, group.settled);
-        drop(group);
-        // A commit takes a few microseconds: watched for that long before sleeping, its end
-        // is seen at once instead of after a wake-up.
-        let seen = self.group_ends.load(Ordering::Acquire);
-        let spin_until = Instant::now() + FOLLOWER_SPIN.min(left);
-        let mut spins = 0u32;
-        while self.group_ends.load(Ordering::Acquire) == seen {
-            std::hint::spin_loop();
-            spins += 1;
-            if spins.is_multiple_of(64) && Instant::now() >= spin_until {
-                break;
+                parking_lot::MutexGuard::unlock_fair(guard);
+                return;
             }
         }
-        let mut group = lock(&self.group);
-        group.followers += 1;
-        let (mut group, _) = self
-            .group_cv
-            .wait_timeout_while(group, left, |g| {
-                g.leading && g.led == led && g.settled == settled
-            })
-            .unwrap_or_else(|p| p.into_inner());
-        group.followers -= 1;
-        None
-    }
-
-    /// After a thread that does not lead the group (the spill thread, `persist()`, a purge)
-    /// settled tickets: the followers look again.
-    fn wake_followers(&self) {
-        // Seen by a follower still watching, before it sleeps.
-        self.group_ends.fetch_add(1, Ordering::Release);
-        let mut group = lock(&self.group);
-        if group.followers == 0 {
-            return;
-        }
-        group.settled += 1;
-        drop(group);
-        self.group_cv.notify_all();
     }
 
     /// Whether a ticket is settled (without taking it).
@@ -708,8 +633,6 @@ impl Queue {
                 t.left.remove(&seq);
             }
         }
-        drop(signal);
-        self.wake_followers();
     }
 
     /// Whether a durable caller waits for events still in memory.

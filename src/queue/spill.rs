@@ -183,9 +183,6 @@ impl Queue {
             })
         };
         parking_lot::MutexGuard::unlock_fair(guard);
-        // Durable callers whose events this wrote leave, even while one of them waits for the
-        // spill lock to lead a commit.
-        self.wake_followers();
         match &result {
             Ok(()) => self.spill_refusals.store(0, Ordering::Relaxed),
             Err(_) => {
@@ -417,10 +414,7 @@ impl Queue {
     /// Moves everything in memory to the store (see [`crate::EventSpool::persist`]); a
     /// refusal is queued as a `StoreUnavailable` notice for the caller to deliver.
     pub fn persist(&self) -> Result<u64> {
-        let result = self.persist_all();
-        // Durable callers whose events it wrote leave without waiting for the spill lock.
-        self.wake_followers();
-        result
+        self.persist_all()
     }
 
     fn persist_all(&self) -> Result<u64> {

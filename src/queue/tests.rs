@@ -151,8 +151,9 @@ fn durable_callers_on_four_threads_find_their_events_on_disk_when_they_return() 
 }
 
 /// `durability = always`: a caller whose event another thread committed (the spill thread,
-/// `persist()`) returns while that thread still holds the spill lock. Before, every caller
-/// waited for the spill lock to learn its outcome, each in turn.
+/// `persist()`) returns while that thread still holds the spill lock, the caller inside the
+/// gate (waiting for that lock) included. Before decision 0067, every caller waited for the
+/// spill lock to learn its outcome, each in turn.
 #[test]
 fn durable_callers_another_thread_committed_for_leave_while_it_holds_the_spill_lock() {
     let dir = tempfile::tempdir().unwrap();
@@ -179,18 +180,18 @@ fn durable_callers_another_thread_committed_for_leave_while_it_holds_the_spill_l
         })
         .collect();
     let deadline = Instant::now() + Duration::from_secs(10);
-    while lock(&q.signal).requested < 4 || lock(&q.group).followers < 3 {
+    // All four queued, and one of them inside the gate, waiting for the spill lock.
+    while lock(&q.signal).tickets.len() < 4 || q.durable_gate.try_lock().is_ok() {
         assert!(Instant::now() < deadline, "the callers did not queue");
         std::thread::yield_now();
     }
     // The commit another thread makes, the spill lock held, as `spill_now` does.
     q.spill_for_durable().unwrap();
-    q.wake_followers();
     assert_eq!(q.store.as_ref().unwrap().len(), 4);
-    for n in 0..3 {
+    for n in 0..4 {
         returned
             .recv_timeout(Duration::from_secs(3))
-            .unwrap_or_else(|_| panic!("{n} of the 3 followers returned while the lock was held"));
+            .unwrap_or_else(|_| panic!("{n} of the 4 callers returned while the lock was held"));
     }
     drop(held);
     for caller in callers {

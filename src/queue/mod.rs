@@ -529,7 +529,7 @@ impl Queue {
                 };
                 return Err(self.abandon_ticket(ticket, reason));
             }
-            self.commit_through_gate(ticket, left);
+            self.commit_through_gate(ticket, deadline);
         }
     }
 
@@ -539,13 +539,13 @@ impl Queue {
     /// the gate; the caller that leaves usually takes the gate again for its next event before
     /// they wake, and that commit carries theirs as well. The spill lock is waited for in
     /// slices so that a commit another thread makes (the spill thread, `persist()`) lets the
-    /// caller leave while that thread still holds it. A caller waits at the gate for at most
-    /// the caller inside: `left` of its own, then one commit.
-    fn commit_through_gate(&self, ticket: u64, left: Duration) {
+    /// caller leave while that thread still holds it, and never past `deadline`. A caller
+    /// waits at the gate for at most the caller inside: until that one's deadline, then one
+    /// commit.
+    fn commit_through_gate(&self, ticket: u64, deadline: Instant) {
         let _gate = lock(&self.durable_gate);
-        let until = Instant::now() + left;
         while !self.ticket_outcome_ready(ticket) {
-            let slice = until.saturating_duration_since(Instant::now());
+            let slice = deadline.saturating_duration_since(Instant::now());
             if slice.is_zero() {
                 return;
             }

@@ -479,11 +479,10 @@ impl Queue {
     /// store holds them, or why not. Group commit on the callers' own threads: each caller
     /// queues its events, then passes the gate ([`Queue::commit_through_gate`]), where it
     /// leaves at once if an earlier commit carried them, or commits everything queued by then.
-    /// With
-    /// `durability = spill` (a critical event) the caller writes only the oldest events, as
-    /// many as durable callers wait for (critical events sort before every normal one), so it
-    /// is done once its own events commit, not once the whole backlog is on disk. The
-    /// deadline ([`ALWAYS_COMMIT_WAIT`]) is checked after every commit.
+    /// With `durability = spill` (a critical event) the caller writes only the oldest events,
+    /// as many as durable callers wait for (critical events sort before every normal one), so
+    /// it is done once its own events commit, not once the whole backlog is on disk. The
+    /// deadline ([`ALWAYS_COMMIT_WAIT`]) is checked before each pass and inside the gate.
     pub fn push_durably(
         &self,
         events: impl IntoIterator<Item = QueuedEvent>,

@@ -189,6 +189,8 @@ pub struct Queue {
     /// takes it again before a woken waiter runs, and its next commit carries the waiters'
     /// queued events too, so each of them leaves as soon as it gets in (decision 0072).
     durable_gate: Mutex<()>,
+    /// [`ALWAYS_COMMIT_WAIT`]; tests shorten it.
+    commit_wait: Duration,
     /// Refused spills in a row ([`Queue::spill_retry_delay`]).
     spill_refusals: AtomicU32,
     /// The batch a consent denial spared because it was on the wire, by seq: deleted if it
@@ -331,6 +333,7 @@ impl Queue {
             signal: Mutex::new(SpillSignal::default()),
             spill_cv: Condvar::new(),
             durable_gate: Mutex::new(()),
+            commit_wait: ALWAYS_COMMIT_WAIT,
             spill_refusals: AtomicU32::new(0),
             spared_by_denial: Mutex::new(Vec::new()),
         }
@@ -510,7 +513,7 @@ impl Queue {
             );
             ticket
         };
-        let deadline = Instant::now() + ALWAYS_COMMIT_WAIT;
+        let deadline = Instant::now() + self.commit_wait;
         loop {
             if let Some(outcome) = self.ticket_outcome(ticket) {
                 return outcome;
@@ -523,7 +526,7 @@ impl Queue {
                 } else {
                     format!(
                         "the store did not commit within {} s",
-                        ALWAYS_COMMIT_WAIT.as_secs()
+                        self.commit_wait.as_secs()
                     )
                 };
                 return Err(self.abandon_ticket(ticket, reason));

@@ -200,6 +200,59 @@ fn durable_callers_another_thread_committed_for_leave_while_it_holds_the_spill_l
     assert_eq!(q.store.as_ref().unwrap().insert_transactions(), 1);
 }
 
+/// `durability = always`: a caller that waited at the gate behind another keeps its own
+/// deadline once inside; it does not wait for the spill lock a second full bound. Before,
+/// the time left was taken before the wait at the gate and counted again from its end.
+#[test]
+fn a_caller_that_waited_at_the_gate_keeps_its_deadline_inside() {
+    const WAIT: Duration = Duration::from_secs(2);
+    let dir = tempfile::tempdir().unwrap();
+    let mut queue = Queue::open(
+        &dir.path().join("q.db"),
+        64 << 20,
+        0,
+        params(1_000, Durability::Always),
+        Ledger::default(),
+        Default::default(),
+    )
+    .unwrap()
+    .queue;
+    queue.commit_wait = WAIT;
+    let q = Arc::new(queue);
+    // The spill lock held throughout, as by a spill stuck in the disk: no commit can be made.
+    let held = q.spill_lock.lock();
+    let inside = {
+        let q = q.clone();
+        std::thread::spawn(move || q.push_durably([event(100, 1)]))
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while q.durable_gate.try_lock().is_ok() {
+        assert!(Instant::now() < deadline, "the first caller did not get in");
+        std::thread::yield_now();
+    }
+    let behind = {
+        let q = q.clone();
+        std::thread::spawn(move || {
+            let started = Instant::now();
+            let outcome = q.push_durably([event(101, 2)]);
+            (outcome, started.elapsed())
+        })
+    };
+    assert!(inside.join().unwrap().is_err(), "nothing could commit");
+    let (outcome, waited) = behind.join().unwrap();
+    let refusal = outcome.expect_err("nothing could commit");
+    assert!(
+        refusal.reason.contains("did not commit"),
+        "{}",
+        refusal.reason
+    );
+    assert!(
+        waited < WAIT + WAIT / 2,
+        "the caller behind returned after {waited:?}, its bound is {WAIT:?}"
+    );
+    drop(held);
+}
+
 /// A queue with a store in `dir` and `durability = spill`, and its spill thread running.
 fn spilling_queue(dir: &Path, capacity: u64) -> (Arc<Queue>, std::thread::JoinHandle<()>) {
     let q = Arc::new(

@@ -414,10 +414,6 @@ impl Queue {
     /// Moves everything in memory to the store (see [`crate::EventSpool::persist`]); a
     /// refusal is queued as a `StoreUnavailable` notice for the caller to deliver.
     pub fn persist(&self) -> Result<u64> {
-        self.persist_all()
-    }
-
-    fn persist_all(&self) -> Result<u64> {
         let Some(store) = &self.store else {
             return Ok(0);
         };

@@ -72,11 +72,7 @@ impl Machine {
             && let Some(split) = &mut self.split
         {
             for held in split.accepted() {
-                if self.stale_too_large(&held, batch.body_bytes) {
-                    self.send_again_after_413(held);
-                } else {
-                    self.quarantine_batch(held.batch, held.reason, held.detail, held.status);
-                }
+                self.judge_alone(held, batch.body_bytes);
             }
         }
         match outcome {
@@ -178,31 +174,36 @@ impl Machine {
         }
     }
 
-    /// A lone event refused with 413 while the collector takes other requests, its body under
-    /// [`MIN_LEARNED_BYTES`](crate::split::MIN_LEARNED_BYTES) (no size limit a proxy has) or no larger than one just accepted
-    /// (`accepted_bytes`, 0 when none is at hand): the refusal was not about its size (a proxy
-    /// in front was fixed, or its limit raised, between the requests), so it is sent again
-    /// instead of quarantined, once.
-    pub(super) fn stale_too_large(&self, refused: &Refused, accepted_bytes: u64) -> bool {
-        refused.reason == reason::TOO_LARGE
+    /// A lone refused event that the collector took other requests beside: its refusal is its
+    /// own, and it is quarantined. Except a stale 413, sent again once, first in the work (it is
+    /// older than the pieces still to go): a 413 for a body no proxy limits to
+    /// ([`Refused::below_any_size_limit`]), or no larger than one just accepted
+    /// (`accepted_bytes`, 0 when none is at hand), was not about its size (a proxy in front
+    /// was fixed, or its limit raised, between the requests).
+    fn judge_alone(&mut self, refused: Refused, accepted_bytes: u64) {
+        let stale = refused.reason == reason::TOO_LARGE
             && (refused.below_any_size_limit() || refused.batch.body_bytes <= accepted_bytes)
-            && !refused.batch.resent_after_413
-    }
-
-    /// Sends a lone event whose 413 was stale ([`Machine::stale_too_large`]) again, first in
-    /// the work: it is older than the pieces still to go.
-    fn send_again_after_413(&mut self, refused: Refused) {
-        let mut again = refused.batch;
-        again.resent_after_413 = true;
-        self.work.push_front(again);
+            && !refused.batch.resent_after_413;
+        if stale {
+            let mut again = refused.batch;
+            again.resent_after_413 = true;
+            self.work.push_front(again);
+        } else {
+            self.quarantine_batch(
+                refused.batch,
+                refused.reason,
+                refused.detail,
+                refused.status,
+            );
+        }
     }
 
     /// The drain found nothing more to send while a split held a lone refused event: there is
     /// no sibling to tell a refused request from a refused event, so the held events are
-    /// judged alone, as the collector answered them. Except a 413 for a body under
-    /// [`MIN_LEARNED_BYTES`](crate::split::MIN_LEARNED_BYTES): no proxy limits bodies to that, so every body is refused, and
-    /// delivery pauses with the events kept (decision 0071) rather than send each event of a
-    /// trickle to the quarantine in turn. Returns whether it paused.
+    /// judged alone, as the collector answered them. Except a 413 for a body no proxy limits
+    /// to ([`Refused::below_any_size_limit`]): every body is refused, and delivery pauses with
+    /// the events kept (decision 0071) rather than send each event of a trickle to the
+    /// quarantine in turn. Returns whether it paused.
     pub(super) fn no_sibling(&mut self) -> bool {
         let Some(split) = self.split.take() else {
             return false;
@@ -238,12 +239,7 @@ impl Machine {
             .get_or_insert_with(|| Split::new(1))
             .lone_refusal(refused);
         match verdict {
-            LoneRefusal::Quarantine(r) if self.stale_too_large(&r, 0) => {
-                self.send_again_after_413(r)
-            }
-            LoneRefusal::Quarantine(r) => {
-                self.quarantine_batch(r.batch, r.reason, r.detail, r.status)
-            }
+            LoneRefusal::Quarantine(r) => self.judge_alone(r, 0),
             LoneRefusal::Held => {}
             LoneRefusal::RequestRefused(all) => {
                 let events = self.split.take().map_or(0, |split| split.events());

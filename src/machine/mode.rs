@@ -51,10 +51,8 @@ pub(super) struct Batch {
     pub(super) events: Events,
     pub(super) attempts: u32,
     pub(super) body_bytes: u64,
-    /// Sent again because its 413 was found stale (see [`Machine::stale_too_large`]): a
-    /// second 413 is its own.
-    ///
-    /// [`Machine::stale_too_large`]: super::Machine::stale_too_large
+    /// Sent again because its 413 was found stale (see `Machine::judge_alone`): a second 413
+    /// is its own.
     pub(super) resent_after_413: bool,
 }
 

@@ -3,8 +3,8 @@
 //! the world's loop (mod.rs) and the checks (oracle.rs), so a new verb is added in one place.
 
 use eventspool::{
-    Consent, DeliveryConditions, FaultError, FaultSite, ListFilter, NewEvent, Selector,
-    format_timestamp,
+    Consent, DeliveryConditions, FaultError, FaultSite, ListFilter, NewEvent, QuarantinedEvent,
+    Selector, format_timestamp,
 };
 use serde_json::{Value, json};
 
@@ -83,14 +83,22 @@ impl Device {
 
     /// The dead letters a purge about to run may delete: gone by choice, not lost.
     pub(super) fn note_purgeable(&mut self) -> Result<(), Finding> {
-        let Some(spool) = self.spool() else {
-            return Ok(());
-        };
-        if let Ok(list) = spool.quarantine_list(&ListFilter::default()) {
-            self.check_too_large(&list)?;
-            self.purgeable.extend(list.into_iter().map(|q| q.event_id));
-        }
+        let list = self.checked_dead_letters()?;
+        self.purgeable.extend(list.into_iter().map(|q| q.event_id));
         Ok(())
+    }
+
+    /// The quarantine as listed now (empty without a handle, or when it cannot be read),
+    /// checked before its dead letters leave by choice (a purge, a redrive).
+    fn checked_dead_letters(&self) -> Result<Vec<QuarantinedEvent>, Finding> {
+        let Some(Ok(list)) = self
+            .spool()
+            .map(|spool| spool.quarantine_list(&ListFilter::default()))
+        else {
+            return Ok(Vec::new());
+        };
+        self.check_too_large(&list)?;
+        Ok(list)
     }
 
     /// Carries out one step of the plan.
@@ -229,9 +237,7 @@ impl Device {
             }
             Step::Redrive => {
                 self.replayed = None;
-                if let Ok(list) = spool.quarantine_list(&ListFilter::default()) {
-                    self.check_too_large(&list)?;
-                }
+                self.checked_dead_letters()?;
                 if spool
                     .quarantine_redrive(&Selector::All)
                     .is_ok_and(|n| n > 0)

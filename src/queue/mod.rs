@@ -159,24 +159,11 @@ pub struct Queue {
     /// `parking_lot` because a thread in a tight loop retakes a plain mutex before a woken
     /// waiter runs; its eventual fairness lets the spill thread and the worker in.
     buffer: parking_lot::Mutex<MemoryBuffer>,
-    inbox: parking_lot::Mutex<Inbox>,
-    /// Events in `buffer` (queued and waiting to spill) as of the last time it was let go, for
-    /// the room check on the hot path. Only ever stale upwards between two holders' updates
-    /// (a fold or a push), so the check errs on the side of the exact slow path.
-    buffered: AtomicUsize,
-    /// Set once an event past `memory_capacity` sits in the inbox and the spill thread was
-    /// asked to fold it, so tracking threads ask once.
-    fold_asked: AtomicBool,
-    /// The spill thread is waiting for more events before it writes (a trickle past
-    /// `memory_capacity`, [`Queue::gather`]); the tracking thread whose event fills a chunk's
-    /// worth ends the wait.
-    spill_lingering: AtomicBool,
+    /// What `track()` reads and writes, on cache lines of its own.
+    hot: HotPath,
     /// Lingers that waited out [`spill::SPILL_LINGER_MAX`] rather than end on a chunk's worth
     /// or a stop: what tells, without timing, that a burst did not wait for the bound.
     lingers_ran_out: AtomicU64,
-    /// Memory held [`spill::SEAL_AHEAD_PAST`] events past its capacity at the last `track()`:
-    /// the spill is behind, and tracking threads seal an encrypting store's bodies ahead.
-    spill_behind: AtomicBool,
     /// The spill thread's last turn wrote a chunk's worth: a burst is being written, and its
     /// tail is not held for a linger ([`Queue::gather`]).
     spill_bursting: AtomicBool,
@@ -196,6 +183,35 @@ pub struct Queue {
     /// The batch a consent denial spared because it was on the wire, by seq: deleted if it
     /// comes back unanswered, whatever consent says by then (consent.rs).
     spared_by_denial: Mutex<Vec<u64>>,
+}
+
+/// What [`Queue::push`] touches, apart from the lock it takes, kept off the cache lines that
+/// the spill thread and the store write at every commit (their counters, the spill lock): a
+/// tracking thread that shared a line with them lost it to the other core at each write.
+/// Without this, moving a field elsewhere in `Queue` or `Store` moved `track()`'s median during
+/// a spill by up to a tenth (BENCHMARKS.md, "Encrypted spill").
+#[repr(align(128))]
+struct HotPath {
+    /// `memory_capacity`, and what memory may hold with the spill backlog (`push`'s limit).
+    capacity: usize,
+    limit: usize,
+    /// The store seals its rows (it has a current key): `track()` seals ahead while behind.
+    seals: bool,
+    inbox: parking_lot::Mutex<Inbox>,
+    /// Events in `buffer` (queued and waiting to spill) as of the last time it was let go, for
+    /// the room check on the hot path. Only ever stale upwards between two holders' updates
+    /// (a fold or a push), so the check errs on the side of the exact slow path.
+    buffered: AtomicUsize,
+    /// Set once an event past `memory_capacity` sits in the inbox and the spill thread was
+    /// asked to fold it, so tracking threads ask once.
+    fold_asked: AtomicBool,
+    /// The spill thread is waiting for more events before it writes (a trickle past
+    /// `memory_capacity`, [`Queue::gather`]); the tracking thread whose event fills a chunk's
+    /// worth ends the wait.
+    spill_lingering: AtomicBool,
+    /// Memory held [`spill::SEAL_AHEAD_PAST`] events past its capacity at the last `track()`:
+    /// the spill is behind, and tracking threads seal an encrypting store's bodies ahead.
+    spill_behind: AtomicBool,
 }
 
 /// What the hot path's one lock guards.
@@ -249,6 +265,7 @@ impl std::ops::DerefMut for Memory<'_> {
 impl Drop for Memory<'_> {
     fn drop(&mut self) {
         self.queue
+            .hot
             .buffered
             .store(self.buffer.held(), Ordering::SeqCst);
     }
@@ -315,18 +332,27 @@ impl Queue {
         notices: Arc<Mutex<Vec<Notice>>>,
         store: Option<Store>,
     ) -> Queue {
+        let capacity = params.memory_capacity as usize;
         Queue {
             params,
             counters,
             notices,
             spill_lock: parking_lot::Mutex::new(()),
             buffer: parking_lot::Mutex::new(MemoryBuffer::default()),
-            inbox: parking_lot::Mutex::new(Inbox::default()),
-            buffered: AtomicUsize::new(0),
-            fold_asked: AtomicBool::new(false),
-            spill_lingering: AtomicBool::new(false),
+            hot: HotPath {
+                capacity,
+                limit: match store {
+                    Some(_) => capacity + capacity.max(SPILL_BACKLOG_MIN),
+                    None => capacity,
+                },
+                seals: store.as_ref().is_some_and(Store::seals),
+                inbox: parking_lot::Mutex::new(Inbox::default()),
+                buffered: AtomicUsize::new(0),
+                fold_asked: AtomicBool::new(false),
+                spill_lingering: AtomicBool::new(false),
+                spill_behind: AtomicBool::new(false),
+            },
             lingers_ran_out: AtomicU64::new(0),
-            spill_behind: AtomicBool::new(false),
             spill_bursting: AtomicBool::new(false),
             store,
             memory_quarantine: Mutex::new(MemoryQuarantine::default()),
@@ -368,15 +394,16 @@ impl Queue {
         // so a burst neither allocates a fresh inbox per fold nor grows one from nothing.
         let mut taken = std::mem::take(&mut memory.inbox_spare);
         let folding = {
-            let mut inbox = self.inbox.lock();
-            self.fold_asked.store(false, Ordering::SeqCst);
+            let mut inbox = self.hot.inbox.lock();
+            self.hot.fold_asked.store(false, Ordering::SeqCst);
             if inbox.events.is_empty() {
                 false
             } else {
                 // Counted as buffered before the inbox is let go, so the hot path never sees
                 // these events in neither count; the fold only moves or drops them, so the
                 // exact figure stored when this guard goes is never above it.
-                self.buffered
+                self.hot
+                    .buffered
                     .fetch_add(inbox.events.len(), Ordering::SeqCst);
                 std::mem::swap(&mut inbox.events, &mut taken);
                 true
@@ -385,7 +412,7 @@ impl Queue {
         // Sorted into the buffer outside the inbox lock: tracking threads go on appending.
         let spill_started = folding && {
             let overflow = memory.push_many(&mut taken, self.capacity(), self.store.is_some());
-            self.buffered.store(memory.held(), Ordering::SeqCst);
+            self.hot.buffered.store(memory.held(), Ordering::SeqCst);
             self.counters
                 .drop(DropReason::MemoryOverflow, overflow.dropped);
             overflow.spill_started
@@ -405,7 +432,7 @@ impl Queue {
 
     /// Events in memory, the inbox included, for the checks that do not fold it.
     fn held(&self, inbox: &Inbox) -> usize {
-        self.buffered.load(Ordering::SeqCst) + inbox.events.len()
+        self.hot.buffered.load(Ordering::SeqCst) + inbox.events.len()
     }
 
     // ---- track() -------------------------------------------------------------------------
@@ -414,31 +441,27 @@ impl Queue {
     /// one `Vec::push` under the inbox lock; at the limit it takes the exact path (the oldest
     /// move to the spill backlog, or drop, counted).
     pub fn push(&self, mut event: QueuedEvent) {
-        let capacity = self.capacity();
-        let limit = match self.store {
-            Some(_) => capacity + capacity.max(SPILL_BACKLOG_MIN),
-            None => capacity,
-        };
+        let (capacity, limit) = (self.hot.capacity, self.hot.limit);
         // The spill is behind: this event is bound for it, and an encrypting store's body is
         // sealed here, before the lock, on the thread that made the event, so that the spill
         // thread only writes it (decision 0070). Every other event: the two sides then share
         // the sealing, and most calls do not pay for one. The flag is the last call's look at
         // memory: one event late either way, sealed by the spill thread or sealed and not
         // spilled. A plain store, or none, pays for neither the seal nor the flag.
-        let sealing = self.store.as_ref().filter(|store| store.seals());
+        let sealing = self.store.as_ref().filter(|_| self.hot.seals);
         if let Some(store) = sealing
             && event.seq.is_multiple_of(2)
-            && self.spill_behind.load(Ordering::Relaxed)
+            && self.hot.spill_behind.load(Ordering::Relaxed)
         {
             event.sealed = SealedAhead(store.seal_ahead(&event));
         }
         let event = {
-            let mut inbox = self.inbox.lock();
+            let mut inbox = self.hot.inbox.lock();
             let held = self.held(&inbox);
             if sealing.is_some() {
                 let behind = held >= capacity + spill::SEAL_AHEAD_PAST;
-                if behind != self.spill_behind.load(Ordering::Relaxed) {
-                    self.spill_behind.store(behind, Ordering::Relaxed);
+                if behind != self.hot.spill_behind.load(Ordering::Relaxed) {
+                    self.hot.spill_behind.store(behind, Ordering::Relaxed);
                 }
             }
             if held < limit {
@@ -450,11 +473,11 @@ impl Queue {
                 // thread folds the inbox and writes them. Asked once per fold: the flag is read
                 // before it is swapped, so the calls after the first only read a shared line.
                 let ask = held >= capacity
-                    && !self.fold_asked.load(Ordering::SeqCst)
-                    && !self.fold_asked.swap(true, Ordering::SeqCst);
+                    && !self.hot.fold_asked.load(Ordering::SeqCst)
+                    && !self.hot.fold_asked.swap(true, Ordering::SeqCst);
                 // A spill lingering for more ([`Queue::gather`]) has a chunk's worth now.
                 let full = held >= capacity + spill::SPILL_BATCH_MIN
-                    && self.spill_lingering.load(Ordering::SeqCst);
+                    && self.hot.spill_lingering.load(Ordering::SeqCst);
                 drop(inbox);
                 drop(spent);
                 if ask {

@@ -147,7 +147,7 @@ impl Queue {
             .into_iter()
             .map(|e| Spent(e.json, e.sealed))
             .peekable();
-        let mut inbox = self.inbox.lock();
+        let mut inbox = self.hot.inbox.lock();
         while inbox.spent.len() < SPENT_MAX
             && let Some(one) = spent.next_if(|j| inbox.spent_bytes + j.len() <= SPENT_BYTES_MAX)
         {
@@ -162,7 +162,7 @@ impl Queue {
     /// Frees what tracking threads left to free (the spill thread, before it waits).
     fn free_spent(&self) {
         let spent = {
-            let mut inbox = self.inbox.lock();
+            let mut inbox = self.hot.inbox.lock();
             inbox.spent_bytes = 0;
             std::mem::take(&mut inbox.spent)
         };
@@ -305,7 +305,7 @@ impl Queue {
     fn linger(&self) {
         let deadline = Instant::now() + SPILL_LINGER_MAX;
         loop {
-            self.spill_lingering.store(true, Ordering::SeqCst);
+            self.hot.spill_lingering.store(true, Ordering::SeqCst);
             if self.overflow() >= SPILL_BATCH_MIN {
                 break;
             }
@@ -316,11 +316,11 @@ impl Queue {
             }
             // Cleared by a tracking thread past the threshold before this lock was taken: look
             // again instead of waiting for a wake-up that already happened.
-            if self.spill_lingering.load(Ordering::SeqCst) {
+            if self.hot.spill_lingering.load(Ordering::SeqCst) {
                 let _ = self.spill_cv.wait_timeout(signal, left);
             }
         }
-        self.spill_lingering.store(false, Ordering::SeqCst);
+        self.hot.spill_lingering.store(false, Ordering::SeqCst);
         if Instant::now() >= deadline {
             self.lingers_ran_out.fetch_add(1, Ordering::Relaxed);
         }
@@ -330,7 +330,7 @@ impl Queue {
     /// whose event took memory [`SPILL_BATCH_MIN`] past its capacity, once per linger. The
     /// signal lock orders it after the spill thread's check, so the wake-up is never lost.
     pub(super) fn wake_lingering_spill(&self) {
-        if self.spill_lingering.swap(false, Ordering::SeqCst) {
+        if self.hot.spill_lingering.swap(false, Ordering::SeqCst) {
             let _signal = lock(&self.signal);
             self.spill_cv.notify_all();
         }
@@ -344,7 +344,7 @@ impl Queue {
 
     /// Events past `memory_capacity`, the inbox included, without folding it.
     fn overflow(&self) -> usize {
-        let held = self.held(&self.inbox.lock());
+        let held = self.held(&self.hot.inbox.lock());
         held.saturating_sub(self.capacity())
     }
 

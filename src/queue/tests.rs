@@ -360,7 +360,7 @@ fn a_burst_during_a_trickle_linger_is_written_without_waiting_for_its_end() {
         q.push(event(seq as i64, seq));
     }
     // The spill thread lingers for the one event past memory_capacity.
-    wait_until(|| q.spill_lingering.load(Ordering::SeqCst));
+    wait_until(|| q.hot.spill_lingering.load(Ordering::SeqCst));
     for seq in CAPACITY + 2..=CAPACITY + 1 + BURST {
         q.push(event(seq as i64, seq));
     }
@@ -418,7 +418,7 @@ fn spent_json_stays_bounded_and_is_freed_once_the_spill_is_done() {
     let dir = tempfile::tempdir().unwrap();
     let (q, spiller) = spilling_queue(dir.path(), CAPACITY);
     let spent = || {
-        let inbox = q.inbox.lock();
+        let inbox = q.hot.inbox.lock();
         let counted: usize = inbox.spent.iter().map(|j| j.len()).sum();
         assert_eq!(
             inbox.spent_bytes, counted,
@@ -468,6 +468,7 @@ fn bodies_sealed_ahead_by_tracking_are_written_as_they_are_and_open() {
     }
     // No spill thread: everything waits in the inbox.
     let ahead: HashMap<u64, Box<[u8]>> = q
+        .hot
         .inbox
         .lock()
         .events

@@ -9,7 +9,8 @@
 //!
 //! XChaCha20-Poly1305 is ChaCha20-Poly1305 under a subkey, HChaCha20 of the key and the nonce's
 //! first 16 bytes, with the nonce's last 8 bytes as the message nonce. A [`Keyring`] draws
-//! those 16 bytes from the OS once and counts the last 8: every nonce it makes is new without a
+//! those 16 bytes from the OS once and counts the last 8 (in two halves of the range: the
+//! store's own seals and tracking threads' seals ahead): every nonce it makes is new without a
 //! counter that has to survive a crash or be shared between processes (two keyrings meet only
 //! if two draws of 128 random bits are equal), and the subkey is derived once per key instead
 //! of once per row. The sealing itself is ring's ChaCha20-Poly1305 (assembly on x86 and ARM):
@@ -189,9 +190,20 @@ pub(crate) struct Keyring {
     prefix: [u8; PREFIX_BYTES],
     /// The current key's subkey for `prefix`: what seals.
     sealing: Option<LessSafeKey>,
-    /// The last 8 bytes of the next nonce.
-    counter: AtomicU64,
+    /// The last 8 bytes of the next nonce: the store's writes count from 0, tracking threads
+    /// sealing ahead of the spill ([`Keyring::seal_ahead`]) from 2^63, so the two never meet
+    /// (2^63 seals each) and never take the same cache line from each other's core.
+    counters: [OwnLine; 2],
 }
+
+/// A nonce counter on a cache line of its own: a tracking thread and the spill thread seal
+/// side by side, and a shared line (with the other counter, or with the key both read) would
+/// move between their cores at every seal.
+#[repr(align(128))]
+struct OwnLine(AtomicU64);
+
+/// Where the counter of [`Keyring::seal_ahead`] starts.
+const AHEAD_COUNTS_FROM: u64 = 1 << 63;
 
 impl Keyring {
     pub fn new(keys: &EncryptionKeys) -> Keyring {
@@ -205,7 +217,10 @@ impl Keyring {
             sealing: keys.keys.first().map(|(_, key)| subkey(key, &prefix)),
             keys: keys.keys.clone(),
             prefix,
-            counter: AtomicU64::new(0),
+            counters: [
+                OwnLine(AtomicU64::new(0)),
+                OwnLine(AtomicU64::new(AHEAD_COUNTS_FROM)),
+            ],
         }
     }
 
@@ -244,15 +259,37 @@ impl Keyring {
     pub fn seal<'a>(&self, column: &str, event_id: &str, plain: &'a str) -> Stored<'a> {
         match &self.sealing {
             None => Stored::Text(plain),
-            Some(sealing) => {
-                Stored::Sealed(self.seal_with(sealing, &aad(column, event_id), plain.as_bytes()))
-            }
+            Some(sealing) => Stored::Sealed(self.seal_with(
+                &self.counters[0],
+                sealing,
+                &aad(column, event_id),
+                plain.as_bytes(),
+            )),
         }
     }
 
-    /// `nonce ‖ ciphertext ‖ tag`, the nonce this keyring's next.
-    fn seal_with(&self, sealing: &LessSafeKey, aad: &[u8], plain: &[u8]) -> Vec<u8> {
-        let count = self.counter.fetch_add(1, Ordering::Relaxed).to_le_bytes();
+    /// [`Keyring::seal`] on a tracking thread, for a row the spill will write (`None` without
+    /// keys). The nonce comes from a counter of its own, so that the thread does not contend
+    /// with the spill thread's seals for one.
+    pub fn seal_ahead(&self, column: &str, event_id: &str, plain: &str) -> Option<Vec<u8>> {
+        let sealing = self.sealing.as_ref()?;
+        Some(self.seal_with(
+            &self.counters[1],
+            sealing,
+            &aad(column, event_id),
+            plain.as_bytes(),
+        ))
+    }
+
+    /// `nonce ‖ ciphertext ‖ tag`, the nonce `counter`'s next.
+    fn seal_with(
+        &self,
+        counter: &OwnLine,
+        sealing: &LessSafeKey,
+        aad: &[u8],
+        plain: &[u8],
+    ) -> Vec<u8> {
+        let count = counter.0.fetch_add(1, Ordering::Relaxed).to_le_bytes();
         let mut out = Vec::with_capacity(NONCE_BYTES + plain.len() + TAG_BYTES);
         out.extend_from_slice(&self.prefix);
         out.extend_from_slice(&count);
@@ -294,7 +331,12 @@ impl Keyring {
     /// The record that proves, at the next open, that key `key_id` is the one it was.
     pub fn check_record(&self, key_id: u32) -> Option<Vec<u8>> {
         let key = self.key(key_id)?;
-        Some(self.seal_with(&subkey(key, &self.prefix), &check_aad(key_id), CHECK_TEXT))
+        Some(self.seal_with(
+            &self.counters[0],
+            &subkey(key, &self.prefix),
+            &check_aad(key_id),
+            CHECK_TEXT,
+        ))
     }
 
     /// Whether `record` was made by the supplied key `key_id`.
@@ -459,8 +501,9 @@ mod tests {
         }
     }
 
-    /// Every nonce a keyring makes is new, and two keyrings (two opens, two processes) draw
-    /// their own random half.
+    /// Every nonce a keyring makes is new, from either of its counters (the store's seals and
+    /// the tracking threads' seals ahead), and two keyrings (two opens, two processes) draw
+    /// their own random half. A seal ahead opens like any other.
     #[test]
     fn nonces_never_repeat_within_or_across_keyrings() {
         let keys = EncryptionKeys::new([(1, [5; KEY_BYTES])]);
@@ -469,13 +512,20 @@ mod tests {
         for ring in [&a, &b] {
             for _ in 0..1_000 {
                 let s = ring.seal("events.body", "id", "x");
-                assert!(
-                    seen.insert(sealed(&s)[..NONCE_BYTES].to_vec()),
-                    "a nonce repeated"
-                );
+                let ahead = ring.seal_ahead("events.body", "id", "x").unwrap();
+                for nonce in [&sealed(&s)[..NONCE_BYTES], &ahead[..NONCE_BYTES]] {
+                    assert!(seen.insert(nonce.to_vec()), "a nonce repeated");
+                }
+                let opened = ring.open(1, "events.body", "id", ValueRef::Blob(&ahead));
+                assert_eq!(opened.ok().as_deref(), Some("x"));
             }
         }
         assert_ne!(a.prefix, b.prefix);
+        assert!(
+            Keyring::plain()
+                .seal_ahead("events.body", "id", "x")
+                .is_none()
+        );
     }
 
     #[test]

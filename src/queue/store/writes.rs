@@ -182,9 +182,21 @@ impl Store {
     /// repeats the id and timestamp columns (a quarter of the row), sealed with the current key
     /// when the store has one, bound to the row's id, timestamp and lane (`body_ad`).
     fn body<'a>(&self, e: &'a QueuedEvent, id: &str) -> Stored<'a> {
-        let mut ad = String::new();
-        let ad = body_ad(self.keys.current_id(), id, e.ts_ms, e.lane(), &mut ad);
-        self.keys.seal(BODY, ad, e.wire_tail(id).unwrap_or(&e.json))
+        let mut buf = String::new();
+        let (ad, plain) = self.body_input(e, id, &mut buf);
+        self.keys.seal(BODY, ad, plain)
+    }
+
+    /// What `e`'s body is sealed with and what it seals: the associated data (written into
+    /// `buf`) and the plain text.
+    fn body_input<'a, 'b>(
+        &self,
+        e: &'a QueuedEvent,
+        id: &'b str,
+        buf: &'b mut String,
+    ) -> (&'b str, &'a str) {
+        let ad = body_ad(self.keys.current_id(), id, e.ts_ms, e.lane(), buf);
+        (ad, e.wire_tail(id).unwrap_or(&e.json))
     }
 
     /// New rows are sealed (the store has a current key).
@@ -199,10 +211,9 @@ impl Store {
     pub fn seal_ahead(&self, e: &QueuedEvent) -> Option<Box<[u8]>> {
         let mut id_buf = Uuid::encode_buffer();
         let id = e.id.0.hyphenated().encode_lower(&mut id_buf);
-        match self.body(e, id) {
-            Stored::Sealed(bytes) => Some(bytes.into_boxed_slice()),
-            Stored::Text(_) => None,
-        }
+        let mut buf = String::new();
+        let (ad, plain) = self.body_input(e, id, &mut buf);
+        Some(self.keys.seal_ahead(BODY, ad, plain)?.into_boxed_slice())
     }
 
     /// Inside a write transaction: evict the oldest rows until the database fits its share of

@@ -26,6 +26,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use chacha20::cipher::consts::U10;
+use crossbeam_utils::CachePadded;
 use ring::aead::{Aad, CHACHA20_POLY1305, LessSafeKey, Nonce, UnboundKey};
 
 use crate::error::ConfigError;
@@ -192,15 +193,11 @@ pub(crate) struct Keyring {
     sealing: Option<LessSafeKey>,
     /// The last 8 bytes of the next nonce: the store's writes count from 0, tracking threads
     /// sealing ahead of the spill ([`Keyring::seal_ahead`]) from 2^63, so the two never meet
-    /// (2^63 seals each) and never take the same cache line from each other's core.
-    counters: [OwnLine; 2],
+    /// (2^63 seals each). Each on a cache line of its own: a tracking thread and the spill
+    /// thread seal side by side, and a shared line (with the other counter, or with the key
+    /// both read) would move between their cores at every seal.
+    counters: [CachePadded<AtomicU64>; 2],
 }
-
-/// A nonce counter on a cache line of its own: a tracking thread and the spill thread seal
-/// side by side, and a shared line (with the other counter, or with the key both read) would
-/// move between their cores at every seal.
-#[repr(align(128))]
-struct OwnLine(AtomicU64);
 
 /// Where the counter of [`Keyring::seal_ahead`] starts.
 const AHEAD_COUNTS_FROM: u64 = 1 << 63;
@@ -218,8 +215,8 @@ impl Keyring {
             keys: keys.keys.clone(),
             prefix,
             counters: [
-                OwnLine(AtomicU64::new(0)),
-                OwnLine(AtomicU64::new(AHEAD_COUNTS_FROM)),
+                CachePadded::new(AtomicU64::new(0)),
+                CachePadded::new(AtomicU64::new(AHEAD_COUNTS_FROM)),
             ],
         }
     }
@@ -284,12 +281,12 @@ impl Keyring {
     /// `nonce ‖ ciphertext ‖ tag`, the nonce `counter`'s next.
     fn seal_with(
         &self,
-        counter: &OwnLine,
+        counter: &AtomicU64,
         sealing: &LessSafeKey,
         aad: &[u8],
         plain: &[u8],
     ) -> Vec<u8> {
-        let count = counter.0.fetch_add(1, Ordering::Relaxed).to_le_bytes();
+        let count = counter.fetch_add(1, Ordering::Relaxed).to_le_bytes();
         let mut out = Vec::with_capacity(NONCE_BYTES + plain.len() + TAG_BYTES);
         out.extend_from_slice(&self.prefix);
         out.extend_from_slice(&count);

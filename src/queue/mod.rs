@@ -35,6 +35,7 @@ mod ordered;
 mod spill;
 pub(crate) mod store;
 
+use crossbeam_utils::CachePadded;
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -160,7 +161,7 @@ pub struct Queue {
     /// waiter runs; its eventual fairness lets the spill thread and the worker in.
     buffer: parking_lot::Mutex<MemoryBuffer>,
     /// What `track()` reads and writes, on cache lines of its own.
-    hot: HotPath,
+    hot: CachePadded<HotPath>,
     /// Lingers that waited out [`spill::SPILL_LINGER_MAX`] rather than end on a chunk's worth
     /// or a stop: what tells, without timing, that a burst did not wait for the bound.
     lingers_ran_out: AtomicU64,
@@ -190,7 +191,6 @@ pub struct Queue {
 /// tracking thread that shared a line with them lost it to the other core at each write.
 /// Without this, moving a field elsewhere in `Queue` or `Store` moved `track()`'s median during
 /// a spill by up to a tenth (BENCHMARKS.md, "Encrypted spill").
-#[repr(align(128))]
 struct HotPath {
     /// `memory_capacity`, and what memory may hold with the spill backlog (`push`'s limit).
     capacity: usize,
@@ -339,7 +339,7 @@ impl Queue {
             notices,
             spill_lock: parking_lot::Mutex::new(()),
             buffer: parking_lot::Mutex::new(MemoryBuffer::default()),
-            hot: HotPath {
+            hot: CachePadded::new(HotPath {
                 capacity,
                 limit: match store {
                     Some(_) => capacity + capacity.max(SPILL_BACKLOG_MIN),
@@ -351,7 +351,7 @@ impl Queue {
                 fold_asked: AtomicBool::new(false),
                 spill_lingering: AtomicBool::new(false),
                 spill_behind: AtomicBool::new(false),
-            },
+            }),
             lingers_ran_out: AtomicU64::new(0),
             spill_bursting: AtomicBool::new(false),
             store,

@@ -188,9 +188,9 @@ pub struct Queue {
 
 /// What [`Queue::push`] touches, apart from the lock it takes, kept off the cache lines that
 /// the spill thread and the store write at every commit (their counters, the spill lock): a
-/// tracking thread that shared a line with them lost it to the other core at each write.
-/// Without this, moving a field elsewhere in `Queue` or `Store` moved `track()`'s median during
-/// a spill by up to a tenth (BENCHMARKS.md, "Encrypted spill").
+/// tracking thread that shared a line with them lost it to the other core at each write
+/// (BENCHMARKS.md, "`track()` off the lines the spill thread writes": the 4-thread p99 fell
+/// to a third, the median during an encrypted spill by a tenth).
 struct HotPath {
     /// `memory_capacity`, and what memory may hold with the spill backlog (`push`'s limit).
     capacity: usize,

@@ -13,6 +13,11 @@ use crate::event::{EventId, OrderKey, QueuedEvent, SendNote};
 /// wait on the disk. Bulk importers that must not drop use `durability = always`.
 pub const SPILL_BACKLOG_MIN: usize = 10_000;
 
+/// How many events the spill backlog holds at most beside a queue of `capacity`.
+pub fn spill_backlog_ceiling(capacity: usize) -> usize {
+    capacity.max(SPILL_BACKLOG_MIN)
+}
+
 #[derive(Default)]
 pub struct MemoryBuffer {
     /// Waiting to be sent, in delivery order.
@@ -70,7 +75,7 @@ impl MemoryBuffer {
     /// dropped (counted by the caller).
     fn enforce_ceiling(&mut self, capacity: usize, spill_enabled: bool) -> Overflow {
         let mut overflow = self.enforce(capacity, spill_enabled);
-        let ceiling = capacity.max(SPILL_BACKLOG_MIN);
+        let ceiling = spill_backlog_ceiling(capacity);
         if self.spill.len() > ceiling {
             self.sort_spill();
             let excess = self.spill.len() - ceiling;
@@ -106,7 +111,7 @@ impl MemoryBuffer {
     /// How many events memory can take now without dropping any: the room left in the queue
     /// (`capacity`) plus the room left in the spill backlog.
     pub fn room(&self, capacity: usize) -> usize {
-        let ceiling = capacity.max(SPILL_BACKLOG_MIN);
+        let ceiling = spill_backlog_ceiling(capacity);
         capacity.saturating_sub(self.queued.len()) + ceiling.saturating_sub(self.spill.len())
     }
 

@@ -342,7 +342,7 @@ impl Queue {
             hot: CachePadded::new(HotPath {
                 capacity,
                 limit: match store {
-                    Some(_) => capacity + capacity.max(SPILL_BACKLOG_MIN),
+                    Some(_) => capacity + buffer::spill_backlog_ceiling(capacity),
                     None => capacity,
                 },
                 seals: store.as_ref().is_some_and(Store::seals),

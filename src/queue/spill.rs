@@ -8,8 +8,9 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use super::buffer::spill_backlog_ceiling;
 use super::store::{Inserted, PartialInsert, Store};
-use super::{Queue, SPILL_BACKLOG_MIN, Spent};
+use super::{Queue, Spent};
 use crate::config::Durability;
 use crate::error::Result;
 use crate::event::QueuedEvent;
@@ -372,13 +373,13 @@ impl Queue {
 
     /// Puts back events the store refused. With `spill` they wait to spill again (the worker
     /// reads that queue too). With `always` they join the queue the worker reads, bounded like
-    /// the spill backlog (`max(memory_capacity, SPILL_BACKLOG_MIN)`, the oldest dropped as
+    /// the spill backlog ([`spill_backlog_ceiling`], the oldest dropped as
     /// `memory_overflow`): a full disk must neither hide them from delivery nor grow memory.
     fn give_back_refused(&self, events: Vec<QueuedEvent>) {
         match self.params.durability {
             Durability::Spill => self.memory().return_spill(events),
             Durability::Always => {
-                let max = self.capacity().max(SPILL_BACKLOG_MIN);
+                let max = spill_backlog_ceiling(self.capacity());
                 let dropped = self.memory().keep_refused(events, max);
                 self.counters.drop(DropReason::MemoryOverflow, dropped);
             }

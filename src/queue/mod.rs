@@ -375,8 +375,9 @@ impl Queue {
         self.store.is_some()
     }
 
+    /// `memory_capacity`, as `track()` reads it.
     fn capacity(&self) -> usize {
-        self.params.memory_capacity as usize
+        self.hot.capacity
     }
 
     fn notice_later(&self, notice: Notice) {
@@ -441,7 +442,7 @@ impl Queue {
     /// one `Vec::push` under the inbox lock; at the limit it takes the exact path (the oldest
     /// move to the spill backlog, or drop, counted).
     pub fn push(&self, mut event: QueuedEvent) {
-        let (capacity, limit) = (self.hot.capacity, self.hot.limit);
+        let (capacity, limit) = (self.capacity(), self.hot.limit);
         // The spill is behind: this event is bound for it, and an encrypting store's body is
         // sealed here, before the lock, on the thread that made the event, so that the spill
         // thread only writes it (decision 0070). Every other event: the two sides then share

@@ -448,8 +448,13 @@ impl Queue {
         // thread only writes it (decision 0070). Every other event: the two sides then share
         // the sealing, and most calls do not pay for one. The flag is the last call's look at
         // memory: one event late either way, sealed by the spill thread or sealed and not
-        // spilled. A plain store, or none, pays for neither the seal nor the flag.
-        let sealing = self.store.as_ref().filter(|_| self.hot.seals);
+        // spilled. A plain store, or none, pays for neither the seal nor the flag, and the
+        // store's own lines are not read (`seals` first).
+        let sealing = if self.hot.seals {
+            self.store.as_ref()
+        } else {
+            None
+        };
         if let Some(store) = sealing
             && event.seq.is_multiple_of(2)
             && self.hot.spill_behind.load(Ordering::Relaxed)

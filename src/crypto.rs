@@ -254,28 +254,28 @@ impl Keyring {
     /// Seals `plain` for the column `column` of the row of `event_id` with the current key;
     /// without keys, the text as is.
     pub fn seal<'a>(&self, column: &str, event_id: &str, plain: &'a str) -> Stored<'a> {
-        match &self.sealing {
-            None => Stored::Text(plain),
-            Some(sealing) => Stored::Sealed(self.seal_with(
-                &self.counters[0],
-                sealing,
-                &aad(column, event_id),
-                plain.as_bytes(),
-            )),
-        }
+        self.seal_counting(&self.counters[0], column, event_id, plain)
+            .map_or(Stored::Text(plain), Stored::Sealed)
     }
 
     /// [`Keyring::seal`] on a tracking thread, for a row the spill will write (`None` without
     /// keys). The nonce comes from a counter of its own, so that the thread does not contend
     /// with the spill thread's seals for one.
     pub fn seal_ahead(&self, column: &str, event_id: &str, plain: &str) -> Option<Vec<u8>> {
+        self.seal_counting(&self.counters[1], column, event_id, plain)
+    }
+
+    /// `plain` sealed with the current key for `column` of `event_id`'s row, its nonce drawn
+    /// from `counter`; `None` without keys.
+    fn seal_counting(
+        &self,
+        counter: &AtomicU64,
+        column: &str,
+        event_id: &str,
+        plain: &str,
+    ) -> Option<Vec<u8>> {
         let sealing = self.sealing.as_ref()?;
-        Some(self.seal_with(
-            &self.counters[1],
-            sealing,
-            &aad(column, event_id),
-            plain.as_bytes(),
-        ))
+        Some(self.seal_with(counter, sealing, &aad(column, event_id), plain.as_bytes()))
     }
 
     /// `nonce ‖ ciphertext ‖ tag`, the nonce `counter`'s next.

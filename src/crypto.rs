@@ -2,22 +2,34 @@
 //! and the sealing the store applies to every payload it writes (queued bodies, and the body,
 //! reason and detail of quarantined events).
 //!
-//! The AEAD is XChaCha20-Poly1305, fast in software on phones whose CPUs lack AES
-//! instructions. Each sealed value is `nonce ‖ ciphertext ‖ tag`; the associated data names the
-//! column and the event id, so a ciphertext moved to another row or column fails authentication
-//! instead of being read as someone else's payload.
+//! Each sealed value is `nonce ‖ ciphertext ‖ tag` with a 24-byte nonce; the associated data
+//! names the column and the event id, so a ciphertext moved to another row or column fails
+//! authentication instead of being read as someone else's payload. The nonce's first 16 bytes
+//! and the key give a subkey (HChaCha20, 20 rounds); its last 8 bytes, a little-endian count,
+//! are the message nonce under that subkey and say which AEAD sealed the value ([`Aead`]):
 //!
-//! XChaCha20-Poly1305 is ChaCha20-Poly1305 under a subkey, HChaCha20 of the key and the nonce's
-//! first 16 bytes, with the nonce's last 8 bytes as the message nonce. A [`Keyring`] draws
-//! those 16 bytes from the OS once and counts the last 8 (in two halves of the range: the
-//! store's own seals and tracking threads' seals ahead): every nonce it makes is new without a
-//! counter that has to survive a crash or be shared between processes (two keyrings meet only
-//! if two draws of 128 random bits are equal), and the subkey is derived once per key instead
-//! of once per row. The sealing itself is ring's ChaCha20-Poly1305 (assembly on x86 and ARM):
-//! with RustCrypto's `XChaCha20Poly1305` and a nonce from the OS for each row, sealing a
-//! 250-byte event took 2.7 µs, most of an encrypted spill's cost; this way it takes about
-//! 0.33 µs (BENCHMARKS.md, "Encrypted spill"). The format is the same, so rows sealed either
-//! way open either way (`tests::the_format_is_xchacha20_poly1305`).
+//! - **XChaCha20-Poly1305** (bit 62 of the count clear): ChaCha20-Poly1305 under the subkey,
+//!   fast in software on phones whose CPUs lack AES instructions. Every store written before
+//!   schema version 8 holds only these.
+//! - **AES-256-GCM** (bit 62 set): the same subkey and message nonce, AES-256-GCM. Where the CPU
+//!   has AES and carry-less multiply instructions (x86 AES-NI and PCLMULQDQ, ARMv8's AES and
+//!   PMULL: nearly every phone and desktop today) it seals a 250-byte event in about half of
+//!   ChaCha20-Poly1305's time, so a keyring seals with it there ([`Aead::for_this_cpu`]).
+//!   Opening follows the value's bit, whatever the CPU: a store copied to another device opens.
+//!   (Releases before dd05d03 drew the whole nonce from the OS, so an old XChaCha value may
+//!   have the bit set by chance; such a value is opened as XChaCha once AES fails.)
+//!
+//! A [`Keyring`] draws the 16 bytes from the OS once and counts the last 8 (in two halves of
+//! the range: the store's own seals and tracking threads' seals ahead): every nonce it makes is
+//! new without a counter that has to survive a crash or be shared between processes (two
+//! keyrings meet only if two draws of 128 random bits are equal, and a subkey only ever seals
+//! with one AEAD, its keyring's), and the subkey is derived once per key instead of once per
+//! row. The sealing itself is ring's (assembly on x86 and ARM): with RustCrypto's
+//! `XChaCha20Poly1305` and a nonce from the OS for each row, sealing a 250-byte event took
+//! 2.7 µs, most of an encrypted spill's cost; ring's ChaCha20-Poly1305 takes about 0.26 µs and
+//! its AES-256-GCM about 0.14 µs (BENCHMARKS.md, "Encrypted spill" and "AES-256-GCM where the
+//! CPU has AES instructions"). Both formats are checked against RustCrypto's implementations
+//! (`tests::the_format_is_xchacha20_poly1305`, `tests::the_aes_format_is_aes_256_gcm_under_the_subkey`).
 //!
 //! Every row records the id of the key that sealed it (0: written in plain text, by a release
 //! without encryption or before a key was supplied). The first key of `encryption_keys` seals
@@ -27,7 +39,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use chacha20::cipher::consts::U10;
 use crossbeam_utils::CachePadded;
-use ring::aead::{Aad, CHACHA20_POLY1305, LessSafeKey, Nonce, UnboundKey};
+use ring::aead::{AES_256_GCM, Aad, Algorithm, CHACHA20_POLY1305, LessSafeKey, Nonce, UnboundKey};
 
 use crate::error::ConfigError;
 
@@ -183,17 +195,94 @@ impl<T> Redact for Option<Vec<T>> {
 #[derive(Debug)]
 pub(crate) struct Unreadable;
 
+/// The AEAD that seals under a keyring's subkey. A sealed value names its own in bit 62 of its
+/// nonce's count ([`AES_MARK`]), so a store holds rows of both (written before and after an
+/// upgrade, or on two devices) and opens each with the one that sealed it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Aead {
+    /// XChaCha20-Poly1305: constant time and fast in software, on any CPU.
+    ChaCha20Poly1305,
+    /// AES-256-GCM under the same subkey: about twice as fast where the CPU has AES and
+    /// carry-less multiply instructions, slow (ring's constant-time software AES) where not.
+    Aes256Gcm,
+}
+
+/// Bit 62 of a nonce's count: clear, the value is XChaCha20-Poly1305 (a keyring's counts start
+/// at 0 and at 2^63 and never reach 2^62 more); set, AES-256-GCM, or an older release's
+/// XChaCha20-Poly1305 with a random nonce ([`Aead::candidates`]). Each counter of an AES
+/// keyring starts with it set.
+const AES_MARK: u64 = 1 << 62;
+
+impl Aead {
+    /// AES-256-GCM where the CPU has the instructions that make it fast and constant time (as
+    /// TLS stacks choose between the two), XChaCha20-Poly1305 elsewhere.
+    pub fn for_this_cpu() -> Aead {
+        if hardware_aes() {
+            Aead::Aes256Gcm
+        } else {
+            Aead::ChaCha20Poly1305
+        }
+    }
+
+    /// The AEADs that may have sealed a value whose nonce counts `count`, to try in this order.
+    /// A clear mark is XChaCha20-Poly1305 alone. A set mark is AES-256-GCM, or XChaCha20-Poly1305
+    /// sealed by a release that drew the whole nonce from the OS (before dd05d03: rows of
+    /// schema versions up to 7 may hold such values, their count random): those are tried as
+    /// ChaCha once AES fails. Each attempt checks a 128-bit tag, so a value opens only with the
+    /// AEAD that sealed it.
+    fn candidates(count: u64) -> &'static [Aead] {
+        if count & AES_MARK == 0 {
+            &[Aead::ChaCha20Poly1305]
+        } else {
+            &[Aead::Aes256Gcm, Aead::ChaCha20Poly1305]
+        }
+    }
+
+    /// Where a keyring's counts start: each counter's first value is this added to it.
+    fn mark(self) -> u64 {
+        match self {
+            Aead::ChaCha20Poly1305 => 0,
+            Aead::Aes256Gcm => AES_MARK,
+        }
+    }
+
+    fn algorithm(self) -> &'static Algorithm {
+        match self {
+            Aead::ChaCha20Poly1305 => &CHACHA20_POLY1305,
+            Aead::Aes256Gcm => &AES_256_GCM,
+        }
+    }
+}
+
+#[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+fn hardware_aes() -> bool {
+    std::arch::is_x86_feature_detected!("aes") && std::arch::is_x86_feature_detected!("pclmulqdq")
+}
+
+#[cfg(target_arch = "aarch64")]
+fn hardware_aes() -> bool {
+    std::arch::is_aarch64_feature_detected!("aes")
+        && std::arch::is_aarch64_feature_detected!("pmull")
+}
+
+#[cfg(not(any(target_arch = "x86", target_arch = "x86_64", target_arch = "aarch64")))]
+fn hardware_aes() -> bool {
+    false
+}
+
 /// The keys ready for sealing and opening.
 pub(crate) struct Keyring {
     /// The current key first.
     keys: Vec<(u32, [u8; KEY_BYTES])>,
     /// The first 16 bytes of every nonce this keyring makes, from the OS.
     prefix: [u8; PREFIX_BYTES],
-    /// The current key's subkey for `prefix`: what seals.
+    /// The current key's subkey for `prefix`, under `aead`: what seals.
     sealing: Option<LessSafeKey>,
+    /// What this keyring seals with (opening follows each value's own mark).
+    aead: Aead,
     /// The last 8 bytes of the next nonce: the store's writes count from 0, tracking threads
     /// sealing ahead of the spill ([`Keyring::seal_ahead`]) from 2^63, so the two never meet
-    /// (2^63 seals each). Each on a cache line of its own: a tracking thread and the spill
+    /// (2^62 seals each), both plus [`Aead::mark`]. Each on a cache line of its own: a tracking thread and the spill
     /// thread seal side by side, and a shared line (with the other counter, or with the key
     /// both read) would move between their cores at every seal.
     counters: [CachePadded<AtomicU64>; 2],
@@ -203,7 +292,13 @@ pub(crate) struct Keyring {
 const AHEAD_COUNTS_FROM: u64 = 1 << 63;
 
 impl Keyring {
+    /// Keys sealing with the AEAD this CPU runs fastest ([`Aead::for_this_cpu`]).
     pub fn new(keys: &EncryptionKeys) -> Keyring {
+        Keyring::sealing_with(keys, Aead::for_this_cpu())
+    }
+
+    /// Keys sealing with `aead`: tests, to write both formats on any CPU.
+    pub fn sealing_with(keys: &EncryptionKeys, aead: Aead) -> Keyring {
         let mut prefix = [0u8; PREFIX_BYTES];
         if !keys.is_empty() {
             // Without the OS's generator no nonce could be trusted to be new: nothing may be
@@ -211,12 +306,13 @@ impl Keyring {
             getrandom::getrandom(&mut prefix).expect("the OS's random generator answers");
         }
         Keyring {
-            sealing: keys.keys.first().map(|(_, key)| subkey(key, &prefix)),
+            sealing: keys.keys.first().map(|(_, key)| subkey(key, &prefix, aead)),
             keys: keys.keys.clone(),
             prefix,
+            aead,
             counters: [
-                CachePadded::new(AtomicU64::new(0)),
-                CachePadded::new(AtomicU64::new(AHEAD_COUNTS_FROM)),
+                CachePadded::new(AtomicU64::new(aead.mark())),
+                CachePadded::new(AtomicU64::new(AHEAD_COUNTS_FROM | aead.mark())),
             ],
         }
     }
@@ -330,7 +426,7 @@ impl Keyring {
         let key = self.key(key_id)?;
         Some(self.seal_with(
             &self.counters[0],
-            &subkey(key, &self.prefix),
+            &subkey(key, &self.prefix, self.aead),
             &check_aad(key_id),
             CHECK_TEXT,
         ))
@@ -371,17 +467,24 @@ fn check_aad(key_id: u32) -> Vec<u8> {
     format!("keys.check|{key_id}").into_bytes()
 }
 
-/// XChaCha20-Poly1305's subkey: HChaCha20 (20 rounds) of the key and the nonce's first 16
-/// bytes, ready to seal or open with ChaCha20-Poly1305.
-fn subkey(key: &[u8; KEY_BYTES], prefix: &[u8; PREFIX_BYTES]) -> LessSafeKey {
-    let derived = chacha20::hchacha::<U10>(key.into(), prefix.into());
+/// The subkey for a nonce's first 16 bytes: HChaCha20 (20 rounds) of the key and them (as
+/// XChaCha20-Poly1305 derives it), ready to seal or open with `aead`.
+fn subkey(key: &[u8; KEY_BYTES], prefix: &[u8; PREFIX_BYTES], aead: Aead) -> LessSafeKey {
+    keyed(&derive(key, prefix), aead)
+}
+
+/// HChaCha20 (20 rounds) of the key and a nonce's first 16 bytes.
+fn derive(key: &[u8; KEY_BYTES], prefix: &[u8; PREFIX_BYTES]) -> [u8; KEY_BYTES] {
+    chacha20::hchacha::<U10>(key.into(), prefix.into()).into()
+}
+
+fn keyed(derived: &[u8; KEY_BYTES], aead: Aead) -> LessSafeKey {
     LessSafeKey::new(
-        UnboundKey::new(&CHACHA20_POLY1305, &derived).expect("a subkey is 32 bytes, as the AEAD's"),
+        UnboundKey::new(aead.algorithm(), derived).expect("a subkey is 32 bytes, as both AEADs'"),
     )
 }
 
-/// ChaCha20-Poly1305's 12-byte nonce under the subkey: four zero bytes, then the XChaCha
-/// nonce's last 8.
+/// The 12-byte nonce under the subkey: four zero bytes, then the 24-byte nonce's last 8.
 fn message_nonce(tail: &[u8; 8]) -> Nonce {
     let mut nonce = [0u8; 12];
     nonce[4..].copy_from_slice(tail);
@@ -396,13 +499,18 @@ fn open_with(key: &[u8; KEY_BYTES], aad: &[u8], sealed: &[u8]) -> Result<Vec<u8>
     let (prefix, tail) = nonce.split_at(PREFIX_BYTES);
     let prefix: &[u8; PREFIX_BYTES] = prefix.try_into().map_err(|_| Unreadable)?;
     let tail: &[u8; 8] = tail.try_into().map_err(|_| Unreadable)?;
-    let mut buf = body.to_vec();
-    let plain_len = subkey(key, prefix)
-        .open_in_place(message_nonce(tail), Aad::from(aad), &mut buf)
-        .map_err(|_| Unreadable)?
-        .len();
-    buf.truncate(plain_len);
-    Ok(buf)
+    let derived = derive(key, prefix);
+    for &aead in Aead::candidates(u64::from_le_bytes(*tail)) {
+        let mut buf = body.to_vec();
+        if let Ok(plain) =
+            keyed(&derived, aead).open_in_place(message_nonce(tail), Aad::from(aad), &mut buf)
+        {
+            let plain_len = plain.len();
+            buf.truncate(plain_len);
+            return Ok(buf);
+        }
+    }
+    Err(Unreadable)
 }
 
 #[cfg(test)]
@@ -452,35 +560,40 @@ mod tests {
         assert!(!ring.verifies(2, &ring.check_record(1).unwrap()));
     }
 
-    /// Rows sealed by RustCrypto's `XChaCha20Poly1305` (every store written before) open, and
-    /// what this keyring seals opens with it: the same format.
+    /// Rows sealed by RustCrypto's `XChaCha20Poly1305` (every store written before version 8)
+    /// open, whatever their nonce, and what a ChaCha keyring seals opens with it: the same
+    /// format.
     #[test]
     fn the_format_is_xchacha20_poly1305() {
-        use chacha20poly1305::aead::{Aead, KeyInit, Payload};
+        use chacha20poly1305::aead::{Aead as _, KeyInit, Payload};
         use chacha20poly1305::{XChaCha20Poly1305, XNonce};
         let key = [0x42u8; KEY_BYTES];
         let reference = XChaCha20Poly1305::new((&key).into());
-        let ring = Keyring::new(&EncryptionKeys::new([(3, key)]));
+        let ring = Keyring::sealing_with(&EncryptionKeys::new([(3, key)]), Aead::ChaCha20Poly1305);
         let ad = aad("events.body", "id-7");
         let plain = "{\"name\":\"checkout\",\"cart_cents\":129900}".repeat(5);
-        let nonce = [0x17u8; NONCE_BYTES];
-        let mut theirs = nonce.to_vec();
-        theirs.extend(
-            reference
-                .encrypt(
-                    XNonce::from_slice(&nonce),
-                    Payload {
-                        msg: plain.as_bytes(),
-                        aad: &ad,
-                    },
-                )
-                .unwrap(),
-        );
-        assert_eq!(
-            ring.open(3, "events.body", "id-7", ValueRef::Blob(&theirs))
-                .unwrap(),
-            plain
-        );
+        // Older releases drew the whole nonce from the OS: its count is random, and bit 62 (the
+        // AES mark) is as often set (0x57) as not (0x17). Either opens, on either keyring.
+        let aes = Keyring::sealing_with(&EncryptionKeys::new([(3, key)]), Aead::Aes256Gcm);
+        for byte in [0x17u8, 0x57] {
+            let nonce = [byte; NONCE_BYTES];
+            let mut theirs = nonce.to_vec();
+            theirs.extend(
+                reference
+                    .encrypt(
+                        XNonce::from_slice(&nonce),
+                        Payload {
+                            msg: plain.as_bytes(),
+                            aad: &ad,
+                        },
+                    )
+                    .unwrap(),
+            );
+            for keyring in [&ring, &aes] {
+                let opened = keyring.open(3, "events.body", "id-7", ValueRef::Blob(&theirs));
+                assert_eq!(opened.ok().as_deref(), Some(&*plain), "nonce of {byte:#x}");
+            }
+        }
         for _ in 0..3 {
             let ours = ring.seal("events.body", "id-7", &plain);
             let ours = sealed(&ours);
@@ -498,6 +611,94 @@ mod tests {
         }
     }
 
+    /// AES rows: AES-256-GCM (RustCrypto's, as reference) under the subkey HChaCha20 gives for
+    /// the nonce's first 16 bytes, with the 12-byte nonce `0000 ‖ count`, the count's bit 62
+    /// set. Rows it seals open with ours, and ours open with it.
+    #[test]
+    fn the_aes_format_is_aes_256_gcm_under_the_subkey() {
+        use aes_gcm::aead::{Aead as _, KeyInit, Payload};
+        use aes_gcm::{Aes256Gcm, Nonce as GcmNonce};
+        let key = [0x42u8; KEY_BYTES];
+        let ring = Keyring::sealing_with(&EncryptionKeys::new([(3, key)]), Aead::Aes256Gcm);
+        let ad = aad("events.body", "id-7");
+        let plain = "{\"name\":\"checkout\",\"cart_cents\":129900}".repeat(5);
+        let reference = |prefix: &[u8]| {
+            let prefix: &[u8; PREFIX_BYTES] = prefix.try_into().unwrap();
+            let derived = chacha20::hchacha::<U10>((&key).into(), prefix.into());
+            Aes256Gcm::new_from_slice(&derived).unwrap()
+        };
+        let mut nonce = [0x17u8; NONCE_BYTES];
+        nonce[PREFIX_BYTES..].copy_from_slice(&(AES_MARK | 5).to_le_bytes());
+        let mut theirs = nonce.to_vec();
+        theirs.extend(
+            reference(&nonce[..PREFIX_BYTES])
+                .encrypt(
+                    GcmNonce::from_slice(&[&[0u8; 4][..], &nonce[PREFIX_BYTES..]].concat()),
+                    Payload {
+                        msg: plain.as_bytes(),
+                        aad: &ad,
+                    },
+                )
+                .unwrap(),
+        );
+        assert_eq!(
+            ring.open(3, "events.body", "id-7", ValueRef::Blob(&theirs))
+                .unwrap(),
+            plain
+        );
+        for ahead in [false, true] {
+            let ours = if ahead {
+                ring.seal_ahead("events.body", "id-7", &plain).unwrap()
+            } else {
+                sealed(&ring.seal("events.body", "id-7", &plain)).to_vec()
+            };
+            let (nonce, body) = ours.split_at(NONCE_BYTES);
+            let count = u64::from_le_bytes(nonce[PREFIX_BYTES..].try_into().unwrap());
+            assert_ne!(count & AES_MARK, 0, "an AES row is marked");
+            let opened = reference(&nonce[..PREFIX_BYTES])
+                .decrypt(
+                    GcmNonce::from_slice(&[&[0u8; 4][..], &nonce[PREFIX_BYTES..]].concat()),
+                    Payload {
+                        msg: body,
+                        aad: &ad,
+                    },
+                )
+                .unwrap();
+            assert_eq!(opened, plain.as_bytes());
+        }
+    }
+
+    /// A store holds rows of both AEADs (sealed before an upgrade, or on another CPU) and opens
+    /// each by its mark, whatever its own keyring seals with; the key check records of either
+    /// verify under the other. The mark is authenticated: flipped, a value does not open.
+    #[test]
+    fn each_value_opens_with_the_aead_that_sealed_it() {
+        let keys = EncryptionKeys::new([(2, [7; 32])]);
+        let chacha = Keyring::sealing_with(&keys, Aead::ChaCha20Poly1305);
+        let aes = Keyring::sealing_with(&keys, Aead::Aes256Gcm);
+        for (by, with) in [(&chacha, &aes), (&aes, &chacha), (&aes, &aes)] {
+            let s = by.seal("events.body", "id-1", "{\"a\":1}");
+            let ahead = by.seal_ahead("events.body", "id-1", "{\"a\":1}").unwrap();
+            for value in [sealed(&s), &ahead[..]] {
+                let opened = with.open(2, "events.body", "id-1", ValueRef::Blob(value));
+                assert_eq!(opened.ok().as_deref(), Some("{\"a\":1}"));
+                let mut flipped = value.to_vec();
+                flipped[NONCE_BYTES - 1] ^= 0x40; // bit 62 of the little-endian count
+                let opened = with.open(2, "events.body", "id-1", ValueRef::Blob(&flipped));
+                assert!(opened.is_err(), "the mark flipped still opened");
+            }
+            assert!(with.verifies(2, &by.check_record(2).unwrap()));
+        }
+        let count = |ring: &Keyring| {
+            let s = ring.seal("events.body", "id", "x");
+            u64::from_le_bytes(sealed(&s)[PREFIX_BYTES..NONCE_BYTES].try_into().unwrap())
+        };
+        assert_eq!(count(&chacha) & AES_MARK, 0);
+        assert_ne!(count(&aes) & AES_MARK, 0);
+        let native = Keyring::new(&keys);
+        assert_eq!(count(&native) & AES_MARK != 0, hardware_aes());
+    }
+
     /// Every nonce a keyring makes is new, from either of its counters (the store's seals and
     /// the tracking threads' seals ahead), and two keyrings (two opens, two processes) draw
     /// their own random half. A seal ahead opens like any other.
@@ -505,8 +706,10 @@ mod tests {
     fn nonces_never_repeat_within_or_across_keyrings() {
         let keys = EncryptionKeys::new([(1, [5; KEY_BYTES])]);
         let (a, b) = (Keyring::new(&keys), Keyring::new(&keys));
+        let chacha = Keyring::sealing_with(&keys, Aead::ChaCha20Poly1305);
+        let aes = Keyring::sealing_with(&keys, Aead::Aes256Gcm);
         let mut seen = std::collections::HashSet::new();
-        for ring in [&a, &b] {
+        for ring in [&a, &b, &chacha, &aes] {
             for _ in 0..1_000 {
                 let s = ring.seal("events.body", "id", "x");
                 let ahead = ring.seal_ahead("events.body", "id", "x").unwrap();

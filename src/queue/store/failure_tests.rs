@@ -271,7 +271,7 @@ fn a_version_6_store_upgrades_to_7_and_its_sealed_rows_still_open() {
         .pragma_query_value(None, "user_version", |r| r.get(0))
         .unwrap();
     assert_eq!(version, schema::SCHEMA_VERSION);
-    assert_eq!(schema::SCHEMA_VERSION, 7);
+    assert_eq!(schema::SCHEMA_VERSION, 8);
 }
 
 /// A denial spares the rows of the request on the wire and deletes every other one with

@@ -580,112 +580,106 @@ mod tests {
         assert!(!ring.verifies(2, &ring.check_record(1).unwrap()));
     }
 
-    /// Rows sealed by RustCrypto's `XChaCha20Poly1305` (every store written before version 8)
-    /// open, whatever their nonce, and what a ChaCha keyring seals opens with it: the same
-    /// format.
-    #[test]
-    fn the_format_is_xchacha20_poly1305() {
-        use chacha20poly1305::aead::{Aead as _, KeyInit, Payload};
-        use chacha20poly1305::{XChaCha20Poly1305, XNonce};
-        let key = [0x42u8; KEY_BYTES];
-        let reference = XChaCha20Poly1305::new((&key).into());
-        let ring = Keyring::sealing_with(&EncryptionKeys::new([(3, key)]), Aead::ChaCha20Poly1305);
+    /// A reference AEAD (RustCrypto's) keyed as the format says for a value's 24-byte nonce,
+    /// and the nonce it takes.
+    type Reference<R> = dyn Fn(&[u8]) -> (R, Vec<u8>);
+
+    const PLAIN: &str = "{\"name\":\"checkout\",\"cart_cents\":129900,\"items\":[1,2,3,4,5]}";
+
+    /// What the reference seals under each of `nonces` opens with `ring`.
+    fn opens_what_the_reference_sealed<R: chacha20poly1305::aead::Aead>(
+        ring: &Keyring,
+        nonces: &[[u8; NONCE_BYTES]],
+        reference: &Reference<R>,
+    ) {
+        use chacha20poly1305::aead::{Payload, generic_array::GenericArray};
         let ad = aad("events.body", "id-7");
-        let plain = "{\"name\":\"checkout\",\"cart_cents\":129900}".repeat(5);
-        // Older releases drew the whole nonce from the OS: its count is random, and bit 62 (the
-        // AES mark) is as often set (0x57) as not (0x17). Either opens, on either keyring.
-        let aes = Keyring::sealing_with(&EncryptionKeys::new([(3, key)]), Aead::Aes256Gcm);
-        for byte in [0x17u8, 0x57] {
-            let nonce = [byte; NONCE_BYTES];
+        for nonce in nonces {
+            let (cipher, message_nonce) = reference(nonce);
+            let payload = Payload {
+                msg: PLAIN.as_bytes(),
+                aad: &ad,
+            };
             let mut theirs = nonce.to_vec();
-            theirs.extend(
-                reference
-                    .encrypt(
-                        XNonce::from_slice(&nonce),
-                        Payload {
-                            msg: plain.as_bytes(),
-                            aad: &ad,
-                        },
-                    )
-                    .unwrap(),
-            );
-            for keyring in [&ring, &aes] {
-                let opened = keyring.open(3, "events.body", "id-7", ValueRef::Blob(&theirs));
-                assert_eq!(opened.ok().as_deref(), Some(&*plain), "nonce of {byte:#x}");
-            }
-        }
-        for _ in 0..3 {
-            let ours = ring.seal("events.body", "id-7", &plain);
-            let ours = sealed(&ours);
-            let (nonce, body) = ours.split_at(NONCE_BYTES);
-            let opened = reference
-                .decrypt(
-                    XNonce::from_slice(nonce),
-                    Payload {
-                        msg: body,
-                        aad: &ad,
-                    },
-                )
-                .unwrap();
-            assert_eq!(opened, plain.as_bytes());
+            let sealed = cipher.encrypt(GenericArray::from_slice(&message_nonce), payload);
+            theirs.extend(sealed.unwrap());
+            let opened = ring.open(3, "events.body", "id-7", ValueRef::Blob(&theirs));
+            assert_eq!(opened.ok().as_deref(), Some(PLAIN), "nonce {nonce:x?}");
         }
     }
 
-    /// AES rows: AES-256-GCM (RustCrypto's, as reference) under the subkey HChaCha20 gives for
-    /// the nonce's first 16 bytes, with the 12-byte nonce `0000 ‖ count`, the count's bit 62
-    /// set. Rows it seals open with ours, and ours open with it.
+    /// What `ring` seals, the store's seals and seals ahead, opens with the reference.
+    fn the_reference_opens_what_it_seals<R: chacha20poly1305::aead::Aead>(
+        ring: &Keyring,
+        reference: &Reference<R>,
+    ) {
+        use chacha20poly1305::aead::{Payload, generic_array::GenericArray};
+        let ad = aad("events.body", "id-7");
+        for ahead in [false, true] {
+            let ours = if ahead {
+                ring.seal_ahead("events.body", "id-7", PLAIN).unwrap()
+            } else {
+                sealed(&ring.seal("events.body", "id-7", PLAIN)).to_vec()
+            };
+            let (nonce, body) = ours.split_at(NONCE_BYTES);
+            let (cipher, message_nonce) = reference(nonce);
+            let payload = Payload {
+                msg: body,
+                aad: &ad,
+            };
+            let opened = cipher.decrypt(GenericArray::from_slice(&message_nonce), payload);
+            assert_eq!(opened.unwrap(), PLAIN.as_bytes(), "sealed ahead: {ahead}");
+        }
+    }
+
+    /// The nonce's count as the format reads it.
+    fn count_of(nonce: &[u8]) -> u64 {
+        u64::from_le_bytes(nonce[PREFIX_BYTES..NONCE_BYTES].try_into().unwrap())
+    }
+
+    /// Rows sealed by RustCrypto's `XChaCha20Poly1305` (every store written before version 8)
+    /// open, whatever their nonce, on a keyring of either AEAD, and what a ChaCha keyring
+    /// seals opens with it: the same format. Older releases drew the whole nonce from the OS,
+    /// so bit 62 (the AES mark) is as often set (0x57…) as not (0x17…).
+    #[test]
+    fn the_format_is_xchacha20_poly1305() {
+        use chacha20poly1305::aead::KeyInit;
+        let key = [0x42u8; KEY_BYTES];
+        let keys = EncryptionKeys::new([(3, key)]);
+        let reference = move |nonce: &[u8]| {
+            let cipher = chacha20poly1305::XChaCha20Poly1305::new((&key).into());
+            (cipher, nonce.to_vec())
+        };
+        let old = [[0x17u8; NONCE_BYTES], [0x57; NONCE_BYTES]];
+        assert_eq!(count_of(&old[0]) & AES_MARK, 0);
+        assert_ne!(count_of(&old[1]) & AES_MARK, 0);
+        for aead in [Aead::ChaCha20Poly1305, Aead::Aes256Gcm] {
+            let ring = Keyring::sealing_with(&keys, aead);
+            opens_what_the_reference_sealed(&ring, &old, &reference);
+        }
+        let chacha = Keyring::sealing_with(&keys, Aead::ChaCha20Poly1305);
+        the_reference_opens_what_it_seals(&chacha, &reference);
+    }
+
+    /// AES values: AES-256-GCM (RustCrypto's, as reference) under the subkey HChaCha20 gives
+    /// for the nonce's first 16 bytes, with the 12-byte nonce `0000 ‖ count`, the count's bit
+    /// 62 set. Values it seals open with ours, and ours open with it.
     #[test]
     fn the_aes_format_is_aes_256_gcm_under_the_subkey() {
-        use aes_gcm::aead::{Aead as _, KeyInit, Payload};
-        use aes_gcm::{Aes256Gcm, Nonce as GcmNonce};
+        use aes_gcm::aead::KeyInit;
         let key = [0x42u8; KEY_BYTES];
         let ring = Keyring::sealing_with(&EncryptionKeys::new([(3, key)]), Aead::Aes256Gcm);
-        let ad = aad("events.body", "id-7");
-        let plain = "{\"name\":\"checkout\",\"cart_cents\":129900}".repeat(5);
-        let reference = |prefix: &[u8]| {
-            let prefix: &[u8; PREFIX_BYTES] = prefix.try_into().unwrap();
+        let reference = move |nonce: &[u8]| {
+            assert_ne!(count_of(nonce) & AES_MARK, 0, "an AES value is marked");
+            let prefix: &[u8; PREFIX_BYTES] = nonce[..PREFIX_BYTES].try_into().unwrap();
             let derived = chacha20::hchacha::<U10>((&key).into(), prefix.into());
-            Aes256Gcm::new_from_slice(&derived).unwrap()
+            let cipher = aes_gcm::Aes256Gcm::new_from_slice(&derived).unwrap();
+            (cipher, [&[0u8; 4][..], &nonce[PREFIX_BYTES..]].concat())
         };
         let mut nonce = [0x17u8; NONCE_BYTES];
         nonce[PREFIX_BYTES..].copy_from_slice(&(AES_MARK | 5).to_le_bytes());
-        let mut theirs = nonce.to_vec();
-        theirs.extend(
-            reference(&nonce[..PREFIX_BYTES])
-                .encrypt(
-                    GcmNonce::from_slice(&[&[0u8; 4][..], &nonce[PREFIX_BYTES..]].concat()),
-                    Payload {
-                        msg: plain.as_bytes(),
-                        aad: &ad,
-                    },
-                )
-                .unwrap(),
-        );
-        assert_eq!(
-            ring.open(3, "events.body", "id-7", ValueRef::Blob(&theirs))
-                .unwrap(),
-            plain
-        );
-        for ahead in [false, true] {
-            let ours = if ahead {
-                ring.seal_ahead("events.body", "id-7", &plain).unwrap()
-            } else {
-                sealed(&ring.seal("events.body", "id-7", &plain)).to_vec()
-            };
-            let (nonce, body) = ours.split_at(NONCE_BYTES);
-            let count = u64::from_le_bytes(nonce[PREFIX_BYTES..].try_into().unwrap());
-            assert_ne!(count & AES_MARK, 0, "an AES row is marked");
-            let opened = reference(&nonce[..PREFIX_BYTES])
-                .decrypt(
-                    GcmNonce::from_slice(&[&[0u8; 4][..], &nonce[PREFIX_BYTES..]].concat()),
-                    Payload {
-                        msg: body,
-                        aad: &ad,
-                    },
-                )
-                .unwrap();
-            assert_eq!(opened, plain.as_bytes());
-        }
+        opens_what_the_reference_sealed(&ring, &[nonce], &reference);
+        the_reference_opens_what_it_seals(&ring, &reference);
     }
 
     /// A store holds rows of both AEADs (sealed before an upgrade, or on another CPU) and opens

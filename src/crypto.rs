@@ -332,6 +332,11 @@ impl Keyring {
         self.sealing.is_some()
     }
 
+    /// What new rows are sealed with; `None` without a current key.
+    pub fn aead(&self) -> Option<Aead> {
+        self.seals().then_some(self.aead)
+    }
+
     pub fn has(&self, key_id: u32) -> bool {
         self.keys.iter().any(|(id, _)| *id == key_id)
     }

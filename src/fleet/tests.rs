@@ -21,6 +21,7 @@ fn queue() -> Queue {
         quarantine_max_events: 100,
         quarantine_retention_ms: 1_000_000,
         encryption_keys: Default::default(),
+        aead: crate::crypto::Aead::for_this_cpu(),
     };
     Queue::in_memory(params, Ledger::default(), Arc::new(Mutex::new(Vec::new())))
 }
@@ -165,6 +166,7 @@ fn reports_and_the_install_id_survive_a_reopen() {
         quarantine_max_events: 100,
         quarantine_retention_ms: 1_000_000,
         encryption_keys: Default::default(),
+        aead: crate::crypto::Aead::for_this_cpu(),
     };
     let open = || {
         crate::queue::Queue::open(
@@ -213,6 +215,7 @@ fn stored_queue(dir: &std::path::Path) -> Queue {
         quarantine_max_events: 100,
         quarantine_retention_ms: 1_000_000,
         encryption_keys: Default::default(),
+        aead: crate::crypto::Aead::for_this_cpu(),
     };
     crate::queue::Queue::open(
         &dir.join("s.db"),

@@ -40,6 +40,7 @@ pub(super) fn params_of(capacity: u64, durability: Durability) -> QueueParams {
         quarantine_max_events: 100_000,
         quarantine_retention_ms: 1 << 40,
         encryption_keys: Default::default(),
+        aead: crate::crypto::Aead::for_this_cpu(),
     }
 }
 

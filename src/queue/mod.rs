@@ -43,6 +43,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::config::Durability;
+use crate::crypto::Aead;
 use crate::error::{Error, Result};
 use crate::event::{EventId, QueuedEvent, SealedAhead};
 use crate::quarantine::{MemoryQuarantine, Selector};
@@ -123,6 +124,8 @@ pub struct QueueParams {
     pub quarantine_retention_ms: u64,
     /// What the store seals its rows with (empty: plain text).
     pub encryption_keys: crate::EncryptionKeys,
+    /// The AEAD new rows are sealed with: [`Aead::for_this_cpu`] (tests choose either).
+    pub aead: Aead,
 }
 
 impl QueueParams {
@@ -133,6 +136,7 @@ impl QueueParams {
             quarantine_max_events: config.quarantine_max_events,
             quarantine_retention_ms: config.quarantine_retention_ms,
             encryption_keys: config.encryption_keys.clone(),
+            aead: Aead::for_this_cpu(),
         }
     }
 }
@@ -195,8 +199,10 @@ struct HotPath {
     /// `memory_capacity`, and what memory may hold with the spill backlog (`push`'s limit).
     capacity: usize,
     limit: usize,
-    /// The store seals its rows (it has a current key): `track()` seals ahead while behind.
-    seals: bool,
+    /// The store seals its rows with ChaCha20-Poly1305: `track()` seals ahead while the spill
+    /// is behind (decision 0070). With AES-256-GCM the spill thread's seals are cheap enough
+    /// that sharing them only costs `track()` (decision 0074).
+    seals_ahead: bool,
     inbox: parking_lot::Mutex<Inbox>,
     /// Events in `buffer` (queued and waiting to spill) as of the last time it was let go, for
     /// the room check on the hot path. Only ever stale upwards between two holders' updates
@@ -311,7 +317,7 @@ impl Queue {
         notices: Arc<Mutex<Vec<Notice>>>,
         faults: FaultPoint,
     ) -> Result<OpenedQueue> {
-        let keys = crate::crypto::Keyring::new(&params.encryption_keys);
+        let keys = crate::crypto::Keyring::sealing_with(&params.encryption_keys, params.aead);
         let opened = Store::open_with(path, max_disk_bytes, wall_ms, keys, faults)?;
         // Before anything reads the queue: a recorded denial is carried out (README §Consent).
         let unfinished_denial = consent::finish_recorded_denial(&opened.store);
@@ -345,7 +351,9 @@ impl Queue {
                     Some(_) => capacity + buffer::spill_backlog_ceiling(capacity),
                     None => capacity,
                 },
-                seals: store.as_ref().is_some_and(Store::seals),
+                seals_ahead: store
+                    .as_ref()
+                    .is_some_and(|s| s.seals_with() == Some(Aead::ChaCha20Poly1305)),
                 inbox: parking_lot::Mutex::new(Inbox::default()),
                 buffered: AtomicUsize::new(0),
                 fold_asked: AtomicBool::new(false),
@@ -443,14 +451,15 @@ impl Queue {
     /// move to the spill backlog, or drop, counted).
     pub fn push(&self, mut event: QueuedEvent) {
         let (capacity, limit) = (self.capacity(), self.hot.limit);
-        // The spill is behind: this event is bound for it, and an encrypting store's body is
+        // The spill is behind: this event is bound for it, and a ChaCha-sealing store's body is
         // sealed here, before the lock, on the thread that made the event, so that the spill
         // thread only writes it (decision 0070). Every other event: the two sides then share
         // the sealing, and most calls do not pay for one. The flag is the last call's look at
         // memory: one event late either way, sealed by the spill thread or sealed and not
-        // spilled. A plain store, or none, pays for neither the seal nor the flag, and the
-        // store's own lines are not read (`seals` first).
-        let sealing = if self.hot.seals {
+        // spilled. A store sealing with AES-256-GCM (decision 0074), a plain store, or none,
+        // pays for neither the seal nor the flag, and the store's own lines are not read
+        // (`seals_ahead` first).
+        let sealing = if self.hot.seals_ahead {
             self.store.as_ref()
         } else {
             None

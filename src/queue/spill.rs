@@ -36,9 +36,9 @@ pub const SPILL_CHUNK: usize = 1_000;
 pub(super) const SPILL_BATCH_MIN: usize = 256;
 
 /// Past `memory_capacity` by this many events, the spill has fallen behind tracking, and the
-/// tracking threads seal the bodies of an encrypting store ahead ([`Store::seal_ahead`]):
-/// the cost moves from the spill thread, the slower side then, to the threads making events,
-/// until the backlog is under it again (decision 0070).
+/// tracking threads seal the bodies of a store sealing with ChaCha20-Poly1305 ahead
+/// ([`Store::seal_ahead`]): the cost moves from the spill thread, the slower side then, to the
+/// threads making events, until the backlog is under it again (decisions 0070, 0074).
 pub(super) const SEAL_AHEAD_PAST: usize = SPILL_CHUNK;
 pub(super) const SPILL_LINGER_MAX: Duration = Duration::from_secs(2);
 

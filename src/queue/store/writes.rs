@@ -199,9 +199,9 @@ impl Store {
         (ad, e.wire_tail(id).unwrap_or(&e.json))
     }
 
-    /// New rows are sealed (the store has a current key).
-    pub fn seals(&self) -> bool {
-        self.keys.seals()
+    /// The AEAD new rows are sealed with; `None` for plain text (no current key).
+    pub fn seals_with(&self) -> Option<crate::crypto::Aead> {
+        self.keys.aead()
     }
 
     /// `e`'s body sealed now, for a tracking thread to attach to an event bound for the spill

@@ -197,9 +197,10 @@ pub(crate) struct Unreadable;
 
 /// The AEAD that seals under a keyring's subkey. A sealed value names its own in bit 62 of its
 /// nonce's count ([`AES_MARK`]), so a store holds rows of both (written before and after an
-/// upgrade, or on two devices) and opens each with the one that sealed it.
+/// upgrade, or on two devices) and opens each with the one that sealed it. Tests choose one
+/// (`SpoolBuilder::aead`, feature `test-util`); apps get [`Aead::for_this_cpu`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Aead {
+pub enum Aead {
     /// XChaCha20-Poly1305: constant time and fast in software, on any CPU.
     ChaCha20Poly1305,
     /// AES-256-GCM under the same subkey: about twice as fast where the CPU has AES and

@@ -57,6 +57,8 @@ pub use clock::{Clock, Sleep, SystemClock};
 pub use config::redacted_key;
 pub use config::{CONFIG_NAMES, Compression, Config, Durability, SettingValue};
 pub use consent::Consent;
+#[cfg(feature = "test-util")]
+pub use crypto::Aead;
 #[doc(hidden)]
 pub use crypto::Redact;
 pub use crypto::{EncryptionKeys, KEY_BYTES};

@@ -36,6 +36,8 @@ pub struct SpoolBuilder {
     jitter_seed: Option<u64>,
     /// How the store opens its connection (a test's fault point, feature `test-util`).
     faults: crate::queue::FaultPoint,
+    /// What the store seals new rows with, when a test chooses (feature `test-util`).
+    aead: Option<crate::crypto::Aead>,
 }
 
 impl SpoolBuilder {
@@ -80,6 +82,15 @@ impl SpoolBuilder {
         self
     }
 
+    /// Seals new rows with `aead` instead of the one this CPU runs fastest
+    /// ([`crate::crypto::Aead::for_this_cpu`]), so that a test covers both formats, and a store
+    /// holding both, on any machine.
+    #[cfg(feature = "test-util")]
+    pub fn aead(mut self, aead: crate::crypto::Aead) -> Self {
+        self.aead = Some(aead);
+        self
+    }
+
     pub fn open(self) -> Result<EventSpool> {
         EventSpool::start(self)
     }
@@ -108,6 +119,7 @@ impl EventSpool {
             online: true,
             jitter_seed: None,
             faults: Default::default(),
+            aead: None,
         }
     }
 
@@ -144,7 +156,10 @@ impl EventSpool {
         };
         let counters = Ledger::default();
         let deferred_notices = Arc::new(Mutex::new(Vec::new()));
-        let params = QueueParams::of(&config);
+        let mut params = QueueParams::of(&config);
+        if let Some(aead) = b.aead {
+            params.aead = aead;
+        }
         let (queue, restored, next_seq, recovered, unfinished_denial) = match &config.db_path {
             Some(path) => {
                 let opened = Queue::open_with(

@@ -161,6 +161,9 @@ pub struct Device {
     pub trace: crate::trace::Trace,
 }
 
+/// Mixed into a seed for the AEAD each open seals with.
+const AEAD_STREAM: u64 = 0x6165_6164_0000_0000;
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -280,7 +283,17 @@ impl Device {
             return;
         }
         let generation = self.figures.restarts + self.figures.crashes;
+        // Each open seals with either AEAD, from a stream of its own (the other draws of a seed
+        // stay as they were): a store then holds rows of both, as after an upgrade or a restore
+        // onto another device, and a ChaCha store's tracking seals ahead (decision 0074) on any
+        // machine the simulation runs on.
+        let aead = if fastrand::Rng::with_seed(self.seed ^ AEAD_STREAM ^ generation).bool() {
+            eventspool::Aead::ChaCha20Poly1305
+        } else {
+            eventspool::Aead::Aes256Gcm
+        };
         let opened = EventSpool::builder(self.config.clone())
+            .aead(aead)
             .clock(self.clock.clone())
             .transport(Arc::new(SimTransport {
                 link: self.link.clone(),
@@ -293,7 +306,7 @@ impl Device {
             Ok((spool, stepper)) => {
                 self.trace.line(
                     self.now(),
-                    format_args!("open: {:?}", spool.stats().restored),
+                    format_args!("open ({aead:?}): {:?}", spool.stats().restored),
                 );
                 self.acks = 0;
                 self.tracked = 0;

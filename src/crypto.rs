@@ -282,10 +282,11 @@ pub(crate) struct Keyring {
     /// What this keyring seals with (opening follows each value's own mark).
     aead: Aead,
     /// The last 8 bytes of the next nonce: the store's writes count from 0, tracking threads
-    /// sealing ahead of the spill ([`Keyring::seal_ahead`]) from 2^63, so the two never meet
-    /// (2^62 seals each), both plus [`Aead::mark`]. Each on a cache line of its own: a tracking thread and the spill
-    /// thread seal side by side, and a shared line (with the other counter, or with the key
-    /// both read) would move between their cores at every seal.
+    /// sealing ahead of the spill ([`Keyring::seal_ahead`]) from 2^63, both plus
+    /// [`Aead::mark`], so the two never meet (2^62 seals each). Each on a cache line of its
+    /// own: a tracking thread and the spill thread seal side by side, and a shared line (with
+    /// the other counter, or with the key both read) would move between their cores at every
+    /// seal.
     counters: [CachePadded<AtomicU64>; 2],
 }
 
@@ -298,7 +299,8 @@ impl Keyring {
         Keyring::sealing_with(keys, Aead::for_this_cpu())
     }
 
-    /// Keys sealing with `aead`: tests, to write both formats on any CPU.
+    /// Keys sealing with `aead`: the queue's choice (`QueueParams::aead`, which tests set to
+    /// write both formats on any CPU).
     pub fn sealing_with(keys: &EncryptionKeys, aead: Aead) -> Keyring {
         let mut prefix = [0u8; PREFIX_BYTES];
         if !keys.is_empty() {
@@ -709,10 +711,7 @@ mod tests {
             }
             assert!(with.verifies(2, &by.check_record(2).unwrap()));
         }
-        let count = |ring: &Keyring| {
-            let s = ring.seal("events.body", "id", "x");
-            u64::from_le_bytes(sealed(&s)[PREFIX_BYTES..NONCE_BYTES].try_into().unwrap())
-        };
+        let count = |ring: &Keyring| count_of(sealed(&ring.seal("events.body", "id", "x")));
         assert_eq!(count(&chacha) & AES_MARK, 0);
         assert_ne!(count(&aes) & AES_MARK, 0);
         let native = Keyring::new(&keys);

@@ -346,7 +346,7 @@ fn a_failing_checkpoint_after_a_durable_commit_is_still_durable() {
     for seq in 1..=200 {
         f.counters.entered(Entry::Tracked, 1);
         assert_eq!(
-            f.q.push_durably([event_of(seq, 600, false)]),
+            f.q.push_durably([event_of(seq, 600, false)], None),
             Ok(()),
             "event {seq}"
         );
@@ -372,7 +372,7 @@ fn a_failed_group_commit_fails_each_caller_of_the_group_once() {
             .map(|e| {
                 f.counters.entered(Entry::Tracked, 1);
                 let q = &f.q;
-                s.spawn(move || q.push_durably([e]))
+                s.spawn(move || q.push_durably([e], None))
             })
             .collect();
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -410,7 +410,7 @@ fn a_failed_group_commit_fails_each_caller_of_the_group_once() {
     assert_eq!(f.counters.snapshot().store_errors, 1, "one failed commit");
     f.check().unwrap();
     f.counters.entered(Entry::Tracked, 1);
-    assert_eq!(f.q.push_durably([event_of(5, 50, false)]), Ok(()));
+    assert_eq!(f.q.push_durably([event_of(5, 50, false)], None), Ok(()));
     assert_eq!(f.store().len(), 5, "the refused four went with it");
     assert!(f.ids_in_memory().is_empty());
     f.check().unwrap();
@@ -426,7 +426,7 @@ fn a_critical_event_waits_for_its_own_chunk_not_the_whole_backlog() {
     // Fold the inbox: the 9,000 past memory_capacity wait to spill.
     assert_eq!(f.q.memory().spill_len(), 9_000);
     f.counters.entered(Entry::Tracked, 1);
-    assert_eq!(f.q.push_durably([event_of(20_000, 50, true)]), Ok(()));
+    assert_eq!(f.q.push_durably([event_of(20_000, 50, true)], None), Ok(()));
     let stored = f.store().len();
     assert!(
         stored <= SPILL_CHUNK as u64,
@@ -447,7 +447,7 @@ fn a_critical_caller_behind_a_backlog_writes_only_its_own_event() {
     f.track(padded(1, 9_100, 50));
     assert_eq!(f.q.memory().spill_len(), 9_000);
     f.counters.entered(Entry::Tracked, 1);
-    assert_eq!(f.q.push_durably([event_of(20_000, 50, true)]), Ok(()));
+    assert_eq!(f.q.push_durably([event_of(20_000, 50, true)], None), Ok(()));
     assert_eq!(
         f.store().len(),
         1,

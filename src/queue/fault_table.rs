@@ -110,7 +110,7 @@ impl Case {
             Durability::Spill => self.f.track(events),
             Durability::Always => {
                 self.f.counters.entered(Entry::Tracked, n);
-                let _ = self.f.q.push_durably(events);
+                let _ = self.f.q.push_durably(events, None);
             }
         }
     }
@@ -159,7 +159,7 @@ impl Case {
             Op::DurablePush => {
                 let events = self.events(40, 250);
                 self.f.counters.entered(Entry::Tracked, 40);
-                let _ = self.f.q.push_durably(events);
+                let _ = self.f.q.push_durably(events, None);
             }
             Op::Ack => {
                 let batch = q.next_batch(30, u64::MAX);

@@ -77,7 +77,7 @@ fn durable_callers_waiting_together_share_one_commit() {
     let callers: Vec<_> = (0..8u64)
         .map(|i| {
             let q = q.clone();
-            std::thread::spawn(move || q.push_durably([event(100 + i as i64, i + 1)]))
+            std::thread::spawn(move || q.push_durably([event(100 + i as i64, i + 1)], None))
         })
         .collect();
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -92,7 +92,7 @@ fn durable_callers_waiting_together_share_one_commit() {
     assert_eq!(q.store.as_ref().unwrap().len(), 8);
     assert_eq!(store_commits(), 1, "one commit for the eight callers");
     // A caller on its own commits on its own thread and returns.
-    assert_eq!(q.push_durably([event(200, 9)]), Ok(()));
+    assert_eq!(q.push_durably([event(200, 9)], None), Ok(()));
     assert_eq!(store_commits(), 2);
     assert_eq!(q.store.as_ref().unwrap().len(), 9);
 }
@@ -129,7 +129,7 @@ fn durable_callers_on_four_threads_find_their_events_on_disk_when_they_return() 
                     let seq = 1 + t * CALLS + i;
                     let e = event(1_000 + seq as i64, seq);
                     let id = e.id.to_string();
-                    assert_eq!(q.push_durably([e]), Ok(()), "thread {t}, call {i}");
+                    assert_eq!(q.push_durably([e], None), Ok(()), "thread {t}, call {i}");
                     let rows: i64 = reader
                         .query_row(
                             "SELECT count(*) FROM events WHERE event_id = ?1",
@@ -174,7 +174,7 @@ fn durable_callers_another_thread_committed_for_leave_while_it_holds_the_spill_l
         .map(|i| {
             let (q, done) = (q.clone(), done.clone());
             std::thread::spawn(move || {
-                let outcome = q.push_durably([event(100 + i as i64, i + 1)]);
+                let outcome = q.push_durably([event(100 + i as i64, i + 1)], None);
                 done.send(()).unwrap();
                 outcome
             })
@@ -206,6 +206,26 @@ fn durable_callers_another_thread_committed_for_leave_while_it_holds_the_spill_l
 /// the time left was taken before the wait at the gate and counted again from its end.
 #[test]
 fn a_caller_that_waited_at_the_gate_keeps_its_deadline_inside() {
+    a_caller_behind_one_stuck_inside_keeps_its_bound(|q, e| q.push_durably([e], None));
+}
+
+/// `track()` of one durable event waits for the gate before it makes its event (decision
+/// 0075). Its bound counts from before that wait: behind a caller that waits out its own bound
+/// inside (the disk stuck), it leaves once its time is spent, not a whole bound later.
+#[test]
+fn a_caller_that_waited_for_a_pass_keeps_the_bound_counted_from_its_call() {
+    a_caller_behind_one_stuck_inside_keeps_its_bound(|q, e| {
+        let pass = q.durable_pass();
+        q.push_durably([e], Some(pass))
+    });
+}
+
+/// Two callers `enter` the gate one after the other, with no commit possible (the spill lock
+/// held throughout, as by a spill stuck in the disk): the second returns within its own bound,
+/// counted from its call, refused for its own event.
+fn a_caller_behind_one_stuck_inside_keeps_its_bound(
+    enter: fn(&Queue, QueuedEvent) -> std::result::Result<(), Refusal>,
+) {
     const WAIT: Duration = Duration::from_secs(2);
     let dir = tempfile::tempdir().unwrap();
     let mut queue = Queue::open(
@@ -220,11 +240,10 @@ fn a_caller_that_waited_at_the_gate_keeps_its_deadline_inside() {
     .queue;
     queue.commit_wait = WAIT;
     let q = Arc::new(queue);
-    // The spill lock held throughout, as by a spill stuck in the disk: no commit can be made.
     let held = q.spill_lock.lock();
     let inside = {
         let q = q.clone();
-        std::thread::spawn(move || q.push_durably([event(100, 1)]))
+        std::thread::spawn(move || enter(&q, event(100, 1)))
     };
     let deadline = Instant::now() + Duration::from_secs(10);
     while q.durable_gate.try_lock().is_ok() {
@@ -235,7 +254,7 @@ fn a_caller_that_waited_at_the_gate_keeps_its_deadline_inside() {
         let q = q.clone();
         std::thread::spawn(move || {
             let started = Instant::now();
-            let outcome = q.push_durably([event(101, 2)]);
+            let outcome = enter(&q, event(101, 2));
             (outcome, started.elapsed())
         })
     };
@@ -247,6 +266,7 @@ fn a_caller_that_waited_at_the_gate_keeps_its_deadline_inside() {
         "{}",
         refusal.reason
     );
+    assert_eq!(refusal.event_ids.len(), 1, "{refusal:?}");
     assert!(
         waited < WAIT + WAIT / 2,
         "the caller behind returned after {waited:?}, its bound is {WAIT:?}"

@@ -34,6 +34,7 @@ impl EventSpool {
         let accepted = {
             let _admitted = self.handle.admission.read_recursive();
             self.check_accepting()?;
+            let pass = self.durable_pass(critical);
             let queued = self.prepare(event)?;
             let id = queued.id;
             match self.screen(event.name, critical) {
@@ -44,7 +45,7 @@ impl EventSpool {
                 }
                 Screen::NameDropped => return Err(self.name_dropped(event.name)),
             }
-            self.accept(std::iter::once(queued), 1, critical)
+            self.accept(std::iter::once(queued), 1, critical, pass)
                 .map(|()| id)
                 .map_err(|refusal| Error::NotDurable {
                     event_ids: refusal.event_ids,
@@ -126,7 +127,7 @@ impl EventSpool {
                 )));
             }
         }
-        match self.accept(prepared, n, critical) {
+        match self.accept(prepared, n, critical, None) {
             Ok(()) => Ok(()),
             // Names the events that are only in memory; the others are on disk.
             Err(refusal) => Err(Error::NotDurable {
@@ -165,6 +166,15 @@ impl EventSpool {
         Ok(())
     }
 
+    /// For one event bound for the store before the call returns (`durability = always`, or
+    /// critical): the gate durable callers pass, entered before the event is made, so that it
+    /// is made while no other durable caller commits (decision 0075).
+    fn durable_pass(&self, critical: bool) -> Option<crate::queue::DurablePass<'_>> {
+        let s = self.shared();
+        ((critical || s.config.durability == Durability::Always) && s.queue.has_store())
+            .then(|| s.queue.durable_pass())
+    }
+
     fn prepare(&self, event: EventFields<'_>) -> Result<QueuedEvent> {
         let s = self.shared();
         event::prepare(
@@ -177,12 +187,15 @@ impl EventSpool {
 
     /// Queues validated events and wakes the worker when a flush trigger is reached, or at once
     /// for a critical event. The events are queued either way; `Err` (only with `durability =
-    /// always` or a critical event) says why they are not in the store.
+    /// always` or a critical event) says why they are not in the store. `pass`: the gate of
+    /// durable callers, when this caller entered it before it made the events
+    /// ([`EventSpool::durable_pass`]).
     fn accept(
         &self,
         events: impl IntoIterator<Item = QueuedEvent>,
         n: u64,
         critical: bool,
+        pass: Option<crate::queue::DurablePass<'_>>,
     ) -> std::result::Result<(), crate::queue::Refusal> {
         let s = self.shared();
         if n == 0 {
@@ -193,7 +206,7 @@ impl EventSpool {
         let first = s.counters.entered(Entry::Tracked, n) == 0;
         let durably = s.config.durability == Durability::Always || critical;
         let durable = if durably && s.queue.has_store() {
-            s.queue.push_durably(events)
+            s.queue.push_durably(events, pass)
         } else {
             for event in events {
                 s.queue.push(event);

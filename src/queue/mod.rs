@@ -548,10 +548,12 @@ impl Queue {
     /// leaves at once if an earlier commit carried them, or commits everything queued by then.
     /// Whatever a spill or `persist()` commits meanwhile counts too. `track()` of one event
     /// enters the gate before it makes the event instead, and passes it here (`pass`: its first
-    /// pass through the gate); `None` queues first, then waits for the gate. With `durability = spill` (a critical event) the caller writes only the oldest events,
-    /// as many as durable callers wait for (critical events sort before every normal one), so
-    /// it is done once its own events commit, not once the whole backlog is on disk. The
-    /// deadline ([`ALWAYS_COMMIT_WAIT`]) is checked before each pass and inside the gate.
+    /// pass through the gate, and the deadline counted from before it); `None` queues first,
+    /// then waits for the gate. With `durability = spill` (a critical event) the caller writes
+    /// only the oldest events, as many as durable callers wait for (critical events sort before
+    /// every normal one), so it is done once its own events commit, not once the whole backlog
+    /// is on disk. The deadline ([`ALWAYS_COMMIT_WAIT`]) is checked before each pass and inside
+    /// the gate.
     pub fn push_durably(
         &self,
         events: impl IntoIterator<Item = QueuedEvent>,
@@ -580,10 +582,9 @@ impl Queue {
             );
             ticket
         };
-        let deadline = match &pass {
-            Some(pass) => pass.deadline,
-            None => Instant::now() + self.commit_wait,
-        };
+        let deadline = pass
+            .as_ref()
+            .map_or_else(|| Instant::now() + self.commit_wait, |pass| pass.deadline);
         loop {
             if let Some(outcome) = self.ticket_outcome(ticket) {
                 return outcome;
@@ -611,11 +612,10 @@ impl Queue {
     /// commit (a `track_batch`) waits at the gate; the caller that leaves usually takes the
     /// gate again for its next event before they wake, and that commit carries theirs as well.
     /// `track()` of one event enters with `pass`, taken before it queued anything
-    /// ([`Queue::durable_pass`]). The spill lock is waited for in
-    /// slices so that a commit another thread makes (the spill thread, `persist()`) lets the
-    /// caller leave while that thread still holds it, and never past `deadline`. A caller
-    /// waits at the gate for at most the caller inside: until that one's deadline, then one
-    /// commit.
+    /// ([`Queue::durable_pass`]). The spill lock is waited for in slices so that a commit
+    /// another thread makes (the spill thread, `persist()`) lets the caller leave while that
+    /// thread still holds it, and never past `deadline`. A caller waits at the gate for at most
+    /// the caller inside: until that one's deadline, then one commit.
     fn commit_through_gate(&self, ticket: u64, deadline: Instant, pass: Option<DurablePass<'_>>) {
         let _gate = match pass {
             Some(pass) => pass.gate,

@@ -170,9 +170,15 @@ impl EventSpool {
     /// critical): the gate durable callers pass, entered before the event is made, so that it
     /// is made while no other durable caller commits (decision 0075).
     fn durable_pass(&self, critical: bool) -> Option<crate::queue::DurablePass<'_>> {
+        self.in_the_store_on_return(critical)
+            .then(|| self.shared().queue.durable_pass())
+    }
+
+    /// Whether events tracked now are in the store before the call returns: `durability =
+    /// always` or a critical event, with a store to commit to.
+    fn in_the_store_on_return(&self, critical: bool) -> bool {
         let s = self.shared();
-        ((critical || s.config.durability == Durability::Always) && s.queue.has_store())
-            .then(|| s.queue.durable_pass())
+        (critical || s.config.durability == Durability::Always) && s.queue.has_store()
     }
 
     fn prepare(&self, event: EventFields<'_>) -> Result<QueuedEvent> {
@@ -204,8 +210,7 @@ impl EventSpool {
         // The first pending event arms the worker's periodic flush (an idle worker with nothing
         // to send sleeps without a deadline).
         let first = s.counters.entered(Entry::Tracked, n) == 0;
-        let durably = s.config.durability == Durability::Always || critical;
-        let durable = if durably && s.queue.has_store() {
+        let durable = if self.in_the_store_on_return(critical) {
             s.queue.push_durably(events, pass)
         } else {
             for event in events {

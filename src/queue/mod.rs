@@ -823,6 +823,15 @@ impl Queue {
         ids
     }
 
+    /// The store's passive checkpoints from now on run on a thread of its own (a spool with
+    /// threads; see store/checkpointer.rs). Without a store, nothing to do.
+    pub fn checkpoint_in_background(&self) -> std::io::Result<()> {
+        match &self.store {
+            Some(store) => store.checkpoint_in_background(),
+            None => Ok(()),
+        }
+    }
+
     /// Gives up the store's owner lock (after shutdown) so another handle may open it.
     pub fn release_ownership(&self) {
         if let Some(store) = &self.store {

@@ -289,6 +289,11 @@ impl EventSpool {
 
     fn start(b: SpoolBuilder) -> Result<EventSpool> {
         let shared = EventSpool::build_shared(b)?;
+        // Without the thread the writers checkpoint in their own threads, as a stepped spool's
+        // do: slower, never wrong.
+        if let Err(e) = shared.queue.checkpoint_in_background() {
+            tracing::warn!(error = %e, "no checkpoint thread; checkpoints run in the writing threads");
+        }
         let spiller = match shared.queue.has_store() {
             true => {
                 let s = shared.clone();

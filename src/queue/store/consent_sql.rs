@@ -188,6 +188,7 @@ impl Store {
     /// `PRAGMA wal_checkpoint(TRUNCATE)` until its result says no reader kept it from finishing,
     /// for at most `wait` after the first try.
     fn truncate_wal(&self, conn: &Connection, wait: Duration) -> Result<()> {
+        let _one_checkpoint = self.wal.hold_checkpoints();
         conn.busy_timeout(TRUNCATE_TRY)?;
         let deadline = Instant::now() + wait;
         let result = loop {

@@ -8,6 +8,7 @@ impl Store {
     /// Gives up ownership so another handle may open the store (after `shutdown()`, while
     /// clones of the old handle may still be alive). The caller no longer writes to it.
     pub fn release_ownership(&self) {
+        self.stop_background_checkpoints();
         let mut conn = self.conn();
         self.try_settle_owed(&mut conn);
         // For the next open (`queued_rows`), guarded against writers that do not know it. Not

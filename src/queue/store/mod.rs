@@ -13,6 +13,7 @@
 //! letters' transactions (dead_letters.rs), besides the schema, the frontier, the WAL watch and
 //! the SQL of the quarantine, consent and fleet.
 
+mod checkpointer;
 mod consent_sql;
 mod count_at_close;
 mod dead_letters;
@@ -122,6 +123,17 @@ impl DiskBudget {
 /// raw one in the benchmark (8 GiB cap), and makes SQLite's frame lookup slower on reads.
 const WAL_CHECKPOINT_PAGES_MAX: u64 = 1_000;
 
+/// The frames at which a commit asks for a passive checkpoint. In the committing thread, at
+/// half the WAL's share: the disk cap's truncating checkpoint
+/// ([`Store::checkpoint_if_needed`]) fires at the same point, so a small cap's log is emptied
+/// at each crossing. On the checkpointer's thread, at a quarter: the log starts over well
+/// before the cap needs it truncated, so the truncating one (which the writer runs, and
+/// waits for) stays for a log the thread could not keep down.
+fn checkpoint_frames(budget: DiskBudget, page_size: u64, background: bool) -> u64 {
+    let share = if background { 4 } else { 2 };
+    (budget.wal_bytes / share / page_size.max(512)).clamp(8, WAL_CHECKPOINT_PAGES_MAX)
+}
+
 /// What a write that failed part-way had done ([`Store::insert`]): the transactions before
 /// the one that failed committed `committed` events (the first ones given) and evicted what
 /// `done` says. The store counts them; the caller keeps the rest.
@@ -162,8 +174,11 @@ pub struct Store {
     lock: Mutex<Option<File>>,
     /// Transactions that wrote queued events: group commit is visible in it.
     insert_transactions: AtomicU64,
-    /// Checkpoints that failed after a commit ([`Store::checkpoint_if_needed`]).
-    checkpoint_errors: AtomicU64,
+    /// Checkpoints that failed after a commit ([`Store::checkpoint_if_needed`], and the
+    /// background ones: checkpointer.rs).
+    checkpoint_errors: Arc<AtomicU64>,
+    /// The thread that runs the passive checkpoints, once there is one (checkpointer.rs).
+    background: Mutex<Option<checkpointer::Background>>,
     /// Queued rows whose fate is decided (delivered, expired) but whose delete failed: hidden
     /// from reads and from [`Store::len`], deleted first by the next write transaction that
     /// commits ([`Store::settle_owed`]). A crash before that leaves them queued, to be sent
@@ -334,7 +349,8 @@ impl Store {
         disk_usage(&self.path)
     }
 
-    /// Checkpoints that failed after a write that committed ([`Store::checkpoint_if_needed`]).
+    /// Checkpoints that failed after a write that committed ([`Store::checkpoint_if_needed`],
+    /// and the background ones: checkpointer.rs).
     pub fn checkpoint_errors(&self) -> u64 {
         self.checkpoint_errors.load(Ordering::Relaxed)
     }
@@ -425,6 +441,8 @@ pub fn disk_usage(path: &Path) -> u64 {
     file_size(path) + file_size(&wal_path(path))
 }
 
+#[cfg(test)]
+mod checkpointer_tests;
 #[cfg(test)]
 mod failure_tests;
 

@@ -95,7 +95,8 @@ impl Store {
             leased: Mutex::new(Vec::new()),
             lock: Mutex::new(Some(lock)),
             insert_transactions: AtomicU64::new(0),
-            checkpoint_errors: AtomicU64::new(0),
+            checkpoint_errors: Arc::new(AtomicU64::new(0)),
+            background: Mutex::new(None),
             owed: Mutex::new(Vec::new()),
             owed_reports: Mutex::new(Vec::new()),
             count_drifted: std::sync::atomic::AtomicBool::new(false),
@@ -175,8 +176,7 @@ impl Store {
         };
         let page_size: u64 =
             conn.pragma_query_value(None, "page_size", |r| r.get::<_, i64>(0))? as u64;
-        let checkpoint_pages =
-            (budget.wal_bytes / 2 / page_size.max(512)).clamp(8, WAL_CHECKPOINT_PAGES_MAX);
+        let checkpoint_pages = checkpoint_frames(budget, page_size, false);
         schema::configure(&conn, budget.wal_bytes / 2)?;
         let wal = WalWatch::install(&mut conn, page_size, checkpoint_pages, &wal_path(path))?;
         // The key records exist from version 4; before, nothing is sealed.

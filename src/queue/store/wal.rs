@@ -9,10 +9,12 @@
 
 use std::ffi::c_int;
 use std::path::Path;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use rusqlite::Connection;
+
+use super::checkpointer::{Checkpointer, Turn};
 
 /// The WAL header, before the first frame.
 const WAL_HEADER_BYTES: u64 = 32;
@@ -29,12 +31,23 @@ pub struct WalWatch {
     /// A checkpoint ran since the database file's size was last read: copying frames back is
     /// the only way that file changes size while the store owns it.
     db_file_changed: AtomicBool,
+    /// The frames in the log at which a commit asks for a passive checkpoint.
+    threshold: AtomicU64,
+    /// Where the passive checkpoints go once a thread runs them (checkpointer.rs).
+    background: OnceLock<Arc<Checkpointer>>,
+    /// Held through every checkpoint the store runs but SQLite's own at close, so a truncating
+    /// one never finds a background one busy with the WAL.
+    running: Mutex<()>,
+    /// The frames in the log after the last commit.
+    #[cfg(test)]
+    frames_now: AtomicU64,
 }
 
 impl WalWatch {
-    /// Installs the hook on the store's connection: it notes the frames after each commit and
-    /// checkpoints (passive, as SQLite's own automatic checkpoint does) once the log holds
-    /// `checkpoint_frames`. `wal_file` seeds the bound with a log left by an earlier run.
+    /// Installs the hook on the store's connection: it notes the frames after each commit and,
+    /// once the log holds `checkpoint_frames`, checkpoints (passive, as SQLite's own automatic
+    /// checkpoint does) or asks the store's checkpointer thread to. `wal_file` seeds the bound
+    /// with a log left by an earlier run.
     pub fn install(
         conn: &mut Connection,
         page_size: u64,
@@ -47,17 +60,31 @@ impl WalWatch {
             frame_bytes,
             high_frames: AtomicU64::new(on_disk.div_ceil(frame_bytes)),
             db_file_changed: AtomicBool::new(true),
+            threshold: AtomicU64::new(checkpoint_frames),
+            background: OnceLock::new(),
+            running: Mutex::new(()),
+            #[cfg(test)]
+            frames_now: AtomicU64::new(0),
         });
         let seen = watch.clone();
         conn.wal_hook(Some(
             move |wal: &mut rusqlite::hooks::Wal, frames: c_int| {
                 let frames = frames.max(0) as u64;
                 seen.high_frames.fetch_max(frames, Ordering::Relaxed);
-                if frames >= checkpoint_frames {
+                #[cfg(test)]
+                seen.frames_now.store(frames, Ordering::Relaxed);
+                if frames >= seen.threshold.load(Ordering::Relaxed)
+                    && seen
+                        .background
+                        .get()
+                        .map_or(Turn::Inline, |b| b.turn(frames))
+                        == Turn::Inline
+                {
                     seen.db_file_changed.store(true, Ordering::Relaxed);
                     // The commit already happened: an error here must not reach the statement that
                     // committed (its caller would take the write for failed). A checkpoint that
                     // could not finish is tried again after the next commit, as SQLite's would be.
+                    let _one_checkpoint = seen.hold_checkpoints();
                     let _ = wal.checkpoint();
                 }
                 Ok(())
@@ -82,6 +109,36 @@ impl WalWatch {
             .saturating_sub(WAL_HEADER_BYTES)
             .div_ceil(self.frame_bytes);
         self.high_frames.fetch_max(frames, Ordering::Relaxed);
+    }
+
+    /// From now on the hook hands its checkpoints to `checkpointer` while its thread runs, at
+    /// `checkpoint_frames`.
+    pub fn hand_checkpoints_to(&self, checkpointer: Arc<Checkpointer>, checkpoint_frames: u64) {
+        if self.background.set(checkpointer).is_ok() {
+            self.threshold.store(checkpoint_frames, Ordering::Relaxed);
+        }
+    }
+
+    /// Keeps any other checkpoint of the store from running (and waits for one that is).
+    pub fn hold_checkpoints(&self) -> MutexGuard<'_, ()> {
+        crate::sync::lock(&self.running)
+    }
+
+    /// The frames in the log after the last commit.
+    #[cfg(test)]
+    pub fn frames_now(&self) -> u64 {
+        self.frames_now.load(Ordering::Relaxed)
+    }
+
+    /// The frames at which a commit asks for a passive checkpoint.
+    #[cfg(test)]
+    pub fn threshold(&self) -> u64 {
+        self.threshold.load(Ordering::Relaxed)
+    }
+
+    /// After a checkpoint on another connection: frames went back into the database file.
+    pub fn checkpointed(&self) {
+        self.db_file_changed.store(true, Ordering::Relaxed);
     }
 
     /// After a checkpoint that truncated the log to nothing.

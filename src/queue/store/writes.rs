@@ -349,6 +349,7 @@ impl Store {
     pub(super) fn checkpoint_if_needed(&self, conn: &Connection) {
         let wal = self.wal.max_bytes();
         if wal > self.budget.wal_bytes / 2 || self.db_file_bytes() + wal > self.budget.cap {
+            let _one_checkpoint = self.wal.hold_checkpoints();
             // (busy, frames in the log, frames checkpointed): busy means readers kept it from
             // finishing, so nothing was truncated.
             match conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {

@@ -1,0 +1,150 @@
+//! The background checkpoints (checkpointer.rs): a commit past the threshold does not wait for
+//! the checkpoint, the log still starts over, a failure is counted and the writes stand, and
+//! giving the store up stops the thread.
+
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use super::faults::{FaultError, FaultSite, StoreFaults};
+use super::*;
+
+/// A cap whose WAL share makes the thresholds small: 16 MiB gives a quarter to the WAL; the
+/// checkpointer starts at a quarter of that (256 pages of 4 KiB), the disk cap's truncating
+/// checkpoint at half.
+const CAP: u64 = 16 << 20;
+
+/// How long a test waits for the checkpointer's thread before it calls it stuck: far more than
+/// a checkpoint of a few dozen pages takes, however busy the machine.
+const PATIENCE: Duration = Duration::from_secs(20);
+
+fn event(seq: u64) -> QueuedEvent {
+    let id = Uuid::now_v7();
+    let json = format!(
+        r#"{{"event_id":"{id}","name":"e","properties":{{"pad":"{}"}}}}"#,
+        "p".repeat(1_000)
+    );
+    QueuedEvent {
+        ts_ms: 1_764_417_600_000 + seq as i64,
+        seq,
+        id: EventId(id),
+        json: json.into_boxed_str(),
+        accepted_ms: 1_764_417_600_000,
+        sends: 0,
+        unanswered: 0,
+        critical: false,
+        sealed: Default::default(),
+    }
+}
+
+/// Inserts `rows` events of about 1 KB from `first`, ten to a transaction.
+fn insert(store: &Store, first: u64, rows: u64) {
+    let events: Vec<_> = (first..first + rows).map(event).collect();
+    for chunk in events.chunks(10) {
+        store.insert(chunk).unwrap();
+    }
+}
+
+/// Inserts from `first` until a commit leaves the log past the threshold (it asked for a
+/// checkpoint); returns the next seq.
+fn fill_past_threshold(store: &Store, first: u64) -> u64 {
+    let mut next = first;
+    // Bounded: each turn adds ten rows of about 1 KB, a few pages.
+    while store.wal_frames_now() < store.wal.threshold() && next < first + 10_000 {
+        insert(store, next, 10);
+        next += 10;
+    }
+    next
+}
+
+/// Polls `done` until it holds, for at most [`PATIENCE`].
+fn wait_for(what: &str, done: impl Fn() -> bool) {
+    let deadline = Instant::now() + PATIENCE;
+    while !done() {
+        assert!(Instant::now() < deadline, "waited {PATIENCE:?} for {what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn open_background(path: &Path, faults: FaultPoint) -> Store {
+    let store = Store::open_with(path, CAP, 0, Keyring::plain(), faults)
+        .unwrap()
+        .store;
+    store.checkpoint_in_background().unwrap();
+    store
+}
+
+/// A checkpoint that takes long (here: held by the test, as a slow disk would hold it) is not
+/// the committing thread's wait, and once it is done the log starts over as before: the
+/// commit after the checkpointer caught up copies the few frames added meanwhile itself.
+#[test]
+fn a_commit_past_the_threshold_leaves_the_checkpoint_to_its_thread_and_the_log_starts_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open_background(&dir.path().join("s.db"), FaultPoint::default());
+    let held = store.wal.hold_checkpoints();
+    let mut rows = 0;
+    let (done_tx, done_rx) = mpsc::channel();
+    std::thread::scope(|scope| {
+        scope.spawn(|| done_tx.send(fill_past_threshold(&store, 1)).unwrap());
+        let returned = done_rx.recv_timeout(PATIENCE);
+        drop(held);
+        let Ok(next) = returned else {
+            panic!("the commit past the threshold waited for the checkpoint held meanwhile");
+        };
+        rows = next - 1;
+    });
+    let threshold = store.wal.threshold();
+    assert_eq!(threshold, 256);
+    assert!(
+        store.wal_frames_now() >= threshold,
+        "the log is not past the threshold ({} frames): the test proves nothing",
+        store.wal_frames_now()
+    );
+    wait_for("the checkpointer to catch up", || {
+        store.checkpointer_caught_up()
+    });
+    // The commit that copies the remainder, then the write that starts the log over.
+    insert(&store, rows + 1, 20);
+    assert!(
+        store.wal_frames_now() < threshold,
+        "the log did not start over: {} frames after the checkpointer caught up",
+        store.wal_frames_now()
+    );
+    assert_eq!(store.checkpoint_errors(), 0);
+    assert_eq!(store.len(), rows + 20);
+}
+
+/// A background checkpoint that fails is counted; the commits that asked for it stood, and
+/// the rows are all there.
+#[test]
+fn a_failing_background_checkpoint_is_counted_and_the_writes_stand() {
+    let dir = tempfile::tempdir().unwrap();
+    let faults = StoreFaults::new();
+    let store = open_background(
+        &dir.path().join("s.db"),
+        FaultPoint::new(Some(faults.clone())),
+    );
+    faults.fail_next(FaultSite::Checkpoint, 1_000_000, FaultError::IoErr);
+    let rows = fill_past_threshold(&store, 1) - 1;
+    wait_for("the failed checkpoint to be counted", || {
+        store.checkpoint_errors() > 0
+    });
+    assert!(faults.injected(FaultSite::Checkpoint) > 0);
+    faults.disarm();
+    assert_eq!(store.len(), rows);
+    assert_eq!(store.oldest(100_000).unwrap().len() as u64, rows);
+}
+
+/// A store given up stops its checkpointer (no thread of the old owner touches the file once
+/// another may own it); its writers, if any, checkpoint in their own threads again.
+#[test]
+fn giving_the_store_up_stops_its_checkpointer() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.db");
+    let store = open_background(&path, FaultPoint::default());
+    let rows = fill_past_threshold(&store, 1) - 1;
+    assert!(!store.checkpointer_stopped());
+    store.release_ownership();
+    assert!(store.checkpointer_stopped());
+    let next = Store::open(&path, CAP, 0, Keyring::plain()).unwrap().store;
+    assert_eq!(next.len(), rows);
+}

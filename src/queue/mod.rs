@@ -24,7 +24,10 @@
 //!    inbox into it (taking `inbox` inside `buffer`, only to swap the `Vec` out), so every reader
 //!    sees delivery order.
 //! 4. `signal` (the spill thread's mailbox), then the store's own connection mutex and lease
-//!    list, and the memory quarantine: leaves, taken last and alone.
+//!    list, and the memory quarantine: leaves, taken last and alone. Under the connection
+//!    mutex a writer takes the store's checkpoint lock or the checkpointer's phase, each alone
+//!    (store/checkpointer.rs); the checkpointer's thread takes the phase inside the checkpoint
+//!    lock, and never the connection mutex.
 //!
 //! Nothing here calls app code; refusals are queued as notices for the caller to deliver once
 //! it let go of every lock ([`crate::shared::Shared::deliver_notices`]).

@@ -10,8 +10,9 @@
 //! This file holds the [`Store`] itself and its small accessors. The rest is split by concern:
 //! opening (open.rs), the count saved at close (count_at_close.rs), writes and the disk cap
 //! (writes.rs), reads and leases (reads.rs), rows leaving the queue (deletes.rs), the dead
-//! letters' transactions (dead_letters.rs), besides the schema, the frontier, the WAL watch and
-//! the SQL of the quarantine, consent and fleet.
+//! letters' transactions (dead_letters.rs), besides the schema, the frontier, the WAL watch, the
+//! thread that runs the checkpoints (checkpointer.rs) and the SQL of the quarantine, consent and
+//! fleet.
 
 mod checkpointer;
 mod consent_sql;

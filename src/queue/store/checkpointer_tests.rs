@@ -6,6 +6,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use super::faults::{FaultError, FaultSite, StoreFaults};
+use super::tests::event;
 use super::*;
 
 /// A cap whose WAL share makes the thresholds small: 16 MiB gives a quarter to the WAL; the
@@ -17,28 +18,9 @@ const CAP: u64 = 16 << 20;
 /// a checkpoint of a few dozen pages takes, however busy the machine.
 const PATIENCE: Duration = Duration::from_secs(20);
 
-fn event(seq: u64) -> QueuedEvent {
-    let id = Uuid::now_v7();
-    let json = format!(
-        r#"{{"event_id":"{id}","name":"e","properties":{{"pad":"{}"}}}}"#,
-        "p".repeat(1_000)
-    );
-    QueuedEvent {
-        ts_ms: 1_764_417_600_000 + seq as i64,
-        seq,
-        id: EventId(id),
-        json: json.into_boxed_str(),
-        accepted_ms: 1_764_417_600_000,
-        sends: 0,
-        unanswered: 0,
-        critical: false,
-        sealed: Default::default(),
-    }
-}
-
 /// Inserts `rows` events of about 1 KB from `first`, ten to a transaction.
 fn insert(store: &Store, first: u64, rows: u64) {
-    let events: Vec<_> = (first..first + rows).map(event).collect();
+    let events: Vec<_> = (first..first + rows).map(|seq| event(seq, 1_000)).collect();
     for chunk in events.chunks(10) {
         store.insert(chunk).unwrap();
     }

@@ -7,7 +7,7 @@ use super::writes::evict_oldest;
 use super::*;
 use crate::quarantine::QuarantinedEvent;
 
-fn event(seq: u64, pad: usize) -> QueuedEvent {
+pub(super) fn event(seq: u64, pad: usize) -> QueuedEvent {
     let id = Uuid::now_v7();
     let json = format!(
         r#"{{"event_id":"{id}","name":"e","properties":{{"pad":"{}"}}}}"#,

@@ -182,7 +182,8 @@ fn connect(path: &Path, faults: &FaultPoint) -> rusqlite::Result<Connection> {
 /// only what reading the schema takes.
 const CHECKPOINTER_CACHE_PAGES: i64 = 16;
 
-/// The thread and its shared side, owned by the store: dropping it stops and joins the thread.
+/// The thread and its shared side, owned by the store, which stops and joins the thread when
+/// it is given up or dropped.
 pub(super) struct Background {
     shared: Arc<Checkpointer>,
     thread: Option<JoinHandle<()>>,
@@ -194,12 +195,6 @@ impl Background {
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
-    }
-}
-
-impl Drop for Background {
-    fn drop(&mut self) {
-        self.stop();
     }
 }
 
@@ -261,11 +256,6 @@ impl Store {
         lock(&self.background)
             .as_ref()
             .is_none_or(|b| *lock(&b.shared.phase) == Phase::Stopped && b.thread.is_none())
-    }
-
-    /// The frames the log held after the last commit.
-    pub(super) fn wal_frames_now(&self) -> u64 {
-        self.wal.frames_now()
     }
 }
 

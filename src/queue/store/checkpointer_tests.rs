@@ -31,7 +31,7 @@ fn insert(store: &Store, first: u64, rows: u64) {
 fn fill_past_threshold(store: &Store, first: u64) -> u64 {
     let mut next = first;
     // Bounded: each turn adds ten rows of about 1 KB, a few pages.
-    while store.wal_frames_now() < store.wal.threshold() && next < first + 10_000 {
+    while store.wal.frames_now() < store.wal.threshold() && next < first + 10_000 {
         insert(store, next, 10);
         next += 10;
     }
@@ -77,9 +77,9 @@ fn a_commit_past_the_threshold_leaves_the_checkpoint_to_its_thread_and_the_log_s
     let threshold = store.wal.threshold();
     assert_eq!(threshold, 256);
     assert!(
-        store.wal_frames_now() >= threshold,
+        store.wal.frames_now() >= threshold,
         "the log is not past the threshold ({} frames): the test proves nothing",
-        store.wal_frames_now()
+        store.wal.frames_now()
     );
     wait_for("the checkpointer to catch up", || {
         store.checkpointer_caught_up()
@@ -87,9 +87,9 @@ fn a_commit_past_the_threshold_leaves_the_checkpoint_to_its_thread_and_the_log_s
     // The commit that copies the remainder, then the write that starts the log over.
     insert(&store, rows + 1, 20);
     assert!(
-        store.wal_frames_now() < threshold,
+        store.wal.frames_now() < threshold,
         "the log did not start over: {} frames after the checkpointer caught up",
-        store.wal_frames_now()
+        store.wal.frames_now()
     );
     assert_eq!(store.checkpoint_errors(), 0);
     assert_eq!(store.len(), rows + 20);

@@ -59,6 +59,9 @@ enum Phase {
 pub(super) enum Turn {
     /// Nothing: the checkpointer has it.
     Handed,
+    /// Nothing now: the frames left after the checkpointer caught up are the next commit's
+    /// to copy, this one being a commit a request waits for ([`WalWatch::sparing`]).
+    Deferred,
     /// Checkpoint now, on the committing connection.
     Inline,
 }
@@ -74,14 +77,17 @@ impl Checkpointer {
     }
 
     /// Called by the WAL hook after a commit that left `frames` in the log, past the
-    /// threshold.
-    pub(super) fn turn(&self, frames: u64) -> Turn {
+    /// threshold; `sparing` when a request waits for that commit.
+    pub(super) fn turn(&self, frames: u64, sparing: bool) -> Turn {
         let mut phase = lock(&self.phase);
         match *phase {
             Phase::CaughtUp
                 if frames.saturating_sub(self.copied.load(Ordering::Relaxed))
                     <= REMAINDER_FRAMES_MAX =>
             {
+                if sparing {
+                    return Turn::Deferred;
+                }
                 *phase = Phase::Idle;
                 Turn::Inline
             }
@@ -265,25 +271,32 @@ mod tests {
 
     /// The turns of a checkpointer whose thread copied back a log of 300 frames while commits
     /// went on: a few frames more are the committing thread's to copy (then the log starts
-    /// over at the next write); many more go back to the thread.
+    /// over at the next write), unless a request waits for that commit; many more go back to
+    /// the thread.
     #[test]
     fn after_catching_up_a_commit_copies_a_few_frames_itself_and_hands_many_back() {
         let c = Checkpointer::new(Arc::new(AtomicU64::new(0)));
-        assert_eq!(c.turn(300), Turn::Handed);
+        assert_eq!(c.turn(300, false), Turn::Handed);
         assert_eq!(
-            c.turn(310),
+            c.turn(310, false),
             Turn::Handed,
             "asked once, whatever the commits since"
         );
         assert!(c.next_turn());
         c.finished(Some(300));
-        assert_eq!(c.turn(300 + REMAINDER_FRAMES_MAX), Turn::Inline);
+        assert_eq!(
+            c.turn(300 + REMAINDER_FRAMES_MAX, true),
+            Turn::Deferred,
+            "a commit a request waits for leaves the remainder to the next"
+        );
+        assert_eq!(*lock(&c.phase), Phase::CaughtUp);
+        assert_eq!(c.turn(300 + REMAINDER_FRAMES_MAX, false), Turn::Inline);
         assert_eq!(*lock(&c.phase), Phase::Idle);
 
-        assert_eq!(c.turn(400), Turn::Handed);
+        assert_eq!(c.turn(400, false), Turn::Handed);
         assert!(c.next_turn());
         c.finished(Some(400));
-        assert_eq!(c.turn(401 + REMAINDER_FRAMES_MAX), Turn::Handed);
+        assert_eq!(c.turn(401 + REMAINDER_FRAMES_MAX, true), Turn::Handed);
         assert_eq!(*lock(&c.phase), Phase::Asked);
 
         assert!(c.next_turn());
@@ -296,7 +309,7 @@ mod tests {
         c.stop();
         assert!(!c.next_turn());
         assert_eq!(
-            c.turn(1_000),
+            c.turn(1_000, false),
             Turn::Inline,
             "without a thread, the writer checkpoints"
         );

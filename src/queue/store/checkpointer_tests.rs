@@ -1,6 +1,7 @@
 //! The background checkpoints (checkpointer.rs): a commit past the threshold does not wait for
-//! the checkpoint, the log still starts over, a failure is counted and the writes stand, and
-//! giving the store up stops the thread.
+//! the checkpoint, nor does the commit a request waits for copy what a caught-up checkpointer
+//! left, the log still starts over, a failure is counted and the writes stand, and giving the
+//! store up stops the thread.
 
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -129,4 +130,60 @@ fn giving_the_store_up_stops_its_checkpointer() {
     assert!(store.checkpointer_stopped());
     let next = Store::open(&path, CAP, 0, Keyring::plain()).unwrap().store;
     assert_eq!(next.len(), rows);
+}
+
+/// The count of a send about to go out (`note_sending`) is a commit the request waits for:
+/// after the checkpointer caught up, it leaves the frames added since to the next commit
+/// instead of copying them itself (held here by the test, as a slow disk would hold them). The
+/// next commit copies them, and the log still starts over.
+#[test]
+fn the_commit_a_request_waits_for_leaves_the_remainder_to_the_next_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.db");
+    let store = open_background(&path, FaultPoint::default());
+    // A reader that began before the checkpoint keeps the log from starting over, so the next
+    // commit adds frames past the ones the checkpointer copied: the remainder a committing
+    // thread would copy.
+    let held = store.wal.hold_checkpoints();
+    let rows = fill_past_threshold(&store, 1) - 1;
+    let reader = Connection::open(&path).unwrap();
+    reader.execute_batch("BEGIN").unwrap();
+    let seen: i64 = reader
+        .query_row("SELECT count(*) FROM events", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(seen as u64, rows);
+    drop(held);
+    let threshold = store.wal.threshold();
+    wait_for("the checkpointer to catch up", || {
+        store.checkpointer_caught_up()
+    });
+    let held = store.wal.hold_checkpoints();
+    let (done_tx, done_rx) = mpsc::channel();
+    std::thread::scope(|scope| {
+        scope.spawn(|| done_tx.send(store.note_sending(&[1, 2, 3])).unwrap());
+        let returned = done_rx.recv_timeout(PATIENCE);
+        drop(held);
+        match returned {
+            Ok(written) => written.unwrap(),
+            Err(_) => panic!("the send count waited for the checkpoint held meanwhile"),
+        }
+    });
+    assert!(
+        store.wal.frames_now() >= threshold,
+        "the log started over at the send count ({} frames): the test proves nothing",
+        store.wal.frames_now()
+    );
+    assert!(
+        store.checkpointer_caught_up(),
+        "the send count took the remainder over"
+    );
+    reader.execute_batch("COMMIT").unwrap();
+    // The commit that copies the remainder, then the write that starts the log over.
+    insert(&store, rows + 1, 20);
+    assert!(
+        store.wal.frames_now() < threshold,
+        "the log did not start over: {} frames after the checkpointer caught up",
+        store.wal.frames_now()
+    );
+    assert_eq!(store.len(), rows + 20);
 }

@@ -35,7 +35,7 @@ impl Store {
             let tx = conn.unchecked_transaction()?;
             apply(&tx, &due, SendNote::Sending)?;
             record(&tx, seqs)?;
-            tx.commit()?;
+            self.wal.sparing(|| tx.commit())?;
             Ok(())
         })();
         self.checked(&conn, written)?;

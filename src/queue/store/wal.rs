@@ -38,6 +38,8 @@ pub struct WalWatch {
     /// Held through every checkpoint the store runs but SQLite's own at close, so a truncating
     /// one never finds a background one busy with the WAL.
     running: Mutex<()>,
+    /// The commit in progress is one a request waits for ([`WalWatch::sparing`]).
+    sparing: AtomicBool,
     /// The frames in the log after the last commit.
     #[cfg(test)]
     frames_now: AtomicU64,
@@ -63,6 +65,7 @@ impl WalWatch {
             threshold: AtomicU64::new(checkpoint_frames),
             background: OnceLock::new(),
             running: Mutex::new(()),
+            sparing: AtomicBool::new(false),
             #[cfg(test)]
             frames_now: AtomicU64::new(0),
         });
@@ -74,11 +77,9 @@ impl WalWatch {
                 #[cfg(test)]
                 seen.frames_now.store(frames, Ordering::Relaxed);
                 if frames >= seen.threshold.load(Ordering::Relaxed)
-                    && seen
-                        .background
-                        .get()
-                        .map_or(Turn::Inline, |b| b.turn(frames))
-                        == Turn::Inline
+                    && seen.background.get().map_or(Turn::Inline, |b| {
+                        b.turn(frames, seen.sparing.load(Ordering::Relaxed))
+                    }) == Turn::Inline
                 {
                     seen.db_file_changed.store(true, Ordering::Relaxed);
                     // The commit already happened: an error here must not reach the statement that
@@ -117,6 +118,23 @@ impl WalWatch {
         if self.background.set(checkpointer).is_ok() {
             self.threshold.store(checkpoint_frames, Ordering::Relaxed);
         }
+    }
+
+    /// Runs `commit`, a commit on the store's connection that a request waits for (the count of
+    /// a send about to go out), so that it leaves the frames a caught-up checkpointer did not
+    /// copy to the next commit ([`Checkpointer::turn`]): that copy syncs both files, a
+    /// millisecond or more between an answer and the next request with the collector idle.
+    /// The caller holds the connection, so no other commit of the store runs meanwhile.
+    pub fn sparing<T>(&self, commit: impl FnOnce() -> T) -> T {
+        struct Spared<'a>(&'a AtomicBool);
+        impl Drop for Spared<'_> {
+            fn drop(&mut self) {
+                self.0.store(false, Ordering::Relaxed);
+            }
+        }
+        self.sparing.store(true, Ordering::Relaxed);
+        let _spared = Spared(&self.sparing);
+        commit()
     }
 
     /// Keeps any other checkpoint of the store from running (and waits for one that is).

@@ -244,14 +244,17 @@ impl Worker {
         }
     }
 
-    fn expire_queue(&mut self) {
-        let s = &self.s;
-        let cutoff = s
-            .clock
-            .wall_ms()
-            .saturating_sub(s.config.max_event_age_ms as i64);
-        let gone = s.queue.expire(cutoff);
+    fn expire_queue(&self) {
+        let gone = self.s.queue.expire(self.age_cutoff());
         self.announce_dropped(DropReason::Expired, gone.iter().map(|id| id.to_string()));
+    }
+
+    /// Events accepted before this are past `max_event_age_ms`.
+    fn age_cutoff(&self) -> i64 {
+        let s = &self.s;
+        s.clock
+            .wall_ms()
+            .saturating_sub(s.config.max_event_age_ms as i64)
     }
 
     /// Names dropped events to the observers (the CLI prints each one); `notice` logs it too.
@@ -389,12 +392,15 @@ impl Worker {
 
     /// The store's work between two requests, done while the second is on the wire (decision
     /// 0069), so that draining a backlog does not wait for it between an answer and the next
-    /// request: the rows the last answer delivered deleted, the next batch's rows read ahead
-    /// (store/read_ahead.rs) and its report cut (src/fleet). The transport has handed the
-    /// request to its HTTP stack by now, so the collector works on it meanwhile.
+    /// request: the rows the last answer delivered deleted, the store's first age check
+    /// (`Queue::expire_first_scan`), the next batch's rows read ahead (store/read_ahead.rs)
+    /// and its report cut (src/fleet). The transport has handed the request to its HTTP stack
+    /// by now, so the collector works on it meanwhile.
     fn while_on_the_wire(&self) {
         let s = &self.s;
         s.queue.settle();
+        let gone = s.queue.expire_first_scan(self.age_cutoff());
+        self.announce_dropped(DropReason::Expired, gone.iter().map(|id| id.to_string()));
         s.queue.read_ahead(s.config.max_batch_events as usize);
         s.fleet.cut_ahead(&s.queue, &s.full_stats());
     }

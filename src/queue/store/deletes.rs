@@ -172,6 +172,12 @@ impl Store {
         Ok(n)
     }
 
+    /// Whether a scan found the oldest queued row's acceptance since the store opened
+    /// ([`Store::accepted_floor`]): until then, [`Store::expire`] reads every row.
+    pub fn oldest_known(&self) -> bool {
+        self.accepted_floor.load(Ordering::Relaxed) != FLOOR_UNKNOWN
+    }
+
     /// Deletes queued events accepted before `cutoff_ms` (never leased ones), counted
     /// `expired`; returns their ids, at most [`EXPIRE_MAX`] a call. With nothing due (the
     /// accepted floor is at or past the cutoff) it reads nothing; otherwise it reads the oldest

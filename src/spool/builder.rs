@@ -15,7 +15,7 @@ use crate::control::Control;
 use crate::error::{ConfigError, Error, Result};
 use crate::fleet::Fleet;
 use crate::observers::Observers;
-use crate::queue::{Queue, QueueParams};
+use crate::queue::{OpenedQueue, Queue, QueueParams};
 use crate::shared::{Shared, StateCell};
 use crate::state::{DeferReason, DeliveryObserver, DeliveryState, Notice};
 use crate::stats::Entry;
@@ -136,8 +136,34 @@ impl EventSpool {
             .into());
         }
         let clock = b.clock.unwrap_or_else(|| Arc::new(SystemClock::new()));
-        let transport: Arc<dyn Transport> = match b.transport {
-            Some(t) => t,
+        let counters = Ledger::default();
+        let deferred_notices = Arc::new(Mutex::new(Vec::new()));
+        let mut params = QueueParams::of(&config);
+        if let Some(aead) = b.aead {
+            params.aead = aead;
+        }
+        let open_queue = || -> Result<OpenedQueue> {
+            Ok(match &config.db_path {
+                Some(path) => Queue::open_with(
+                    path,
+                    config.max_disk_bytes,
+                    clock.wall_ms(),
+                    params,
+                    counters.clone(),
+                    deferred_notices.clone(),
+                    b.faults,
+                )?,
+                None => OpenedQueue {
+                    queue: Queue::in_memory(params, counters.clone(), deferred_notices.clone()),
+                    restored: 0,
+                    next_seq: 1,
+                    recovered: None,
+                    unfinished_denial: None,
+                },
+            })
+        };
+        let (transport, opened): (Arc<dyn Transport>, _) = match b.transport {
+            Some(t) => (t, open_queue()),
             // Without the built-in transport the app must bring one: say so rather than fail at
             // the first send.
             #[cfg(not(feature = "reqwest"))]
@@ -148,45 +174,24 @@ impl EventSpool {
                 )
                 .into());
             }
+            // The built-in client reads the system's TLS roots, 3-4 ms measured here: it is
+            // built on a thread of its own while this one opens the store, so `open()` costs
+            // the app's thread the longer of the two instead of both.
             #[cfg(feature = "reqwest")]
-            None => Arc::new(
-                ReqwestTransport::new()
-                    .map_err(|source: TransportError| Error::HttpClient { source })?,
-            ),
-        };
-        let counters = Ledger::default();
-        let deferred_notices = Arc::new(Mutex::new(Vec::new()));
-        let mut params = QueueParams::of(&config);
-        if let Some(aead) = b.aead {
-            params.aead = aead;
-        }
-        let (queue, restored, next_seq, recovered, unfinished_denial) = match &config.db_path {
-            Some(path) => {
-                let opened = Queue::open_with(
-                    path,
-                    config.max_disk_bytes,
-                    clock.wall_ms(),
-                    params,
-                    counters.clone(),
-                    deferred_notices.clone(),
-                    b.faults,
-                )?;
-                (
-                    opened.queue,
-                    opened.restored,
-                    opened.next_seq,
-                    opened.recovered,
-                    opened.unfinished_denial,
-                )
+            None => {
+                let (client, opened) = beside(ReqwestTransport::new, open_queue);
+                let client =
+                    client.map_err(|source: TransportError| Error::HttpClient { source })?;
+                (Arc::new(client), opened)
             }
-            None => (
-                Queue::in_memory(params, counters.clone(), deferred_notices.clone()),
-                0,
-                1,
-                None,
-                None,
-            ),
         };
+        let OpenedQueue {
+            queue,
+            restored,
+            next_seq,
+            recovered,
+            unfinished_denial,
+        } = opened?;
         // What the app last decided outlives a restart; the config only says where a store
         // without a record (or a memory-only spool) starts, and that start is recorded at once:
         // events kept under `pending` are never sent because a later config says `granted`,
@@ -371,4 +376,27 @@ impl EventSpool {
 /// The spill thread: see [`Queue::run_spiller`].
 fn spiller(s: Arc<Shared>) {
     s.queue.run_spiller(|| s.deliver_notices());
+}
+
+/// Runs `side` on a thread of its own while `main` runs on this one, or after `main` on this
+/// one when no thread can be started (a process at its thread limit still opens).
+#[cfg(feature = "reqwest")]
+fn beside<A: Send, B>(side: impl FnOnce() -> A + Send, main: impl FnOnce() -> B) -> (A, B) {
+    let side = Mutex::new(Some(side));
+    let run_side = || lock(&side).take().map(|f| f());
+    std::thread::scope(|scope| {
+        let thread = std::thread::Builder::new()
+            .name("eventspool-open".into())
+            .spawn_scoped(scope, run_side);
+        let b = main();
+        let a = match thread {
+            Ok(thread) => thread
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+            Err(_) => None,
+        };
+        // Not taken by a thread: run here.
+        let a = a.or_else(run_side);
+        (a.expect("`side` ran on one thread or the other"), b)
+    })
 }

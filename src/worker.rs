@@ -104,10 +104,16 @@ impl Worker {
                 }
                 Action::Wait { until_ms } => {
                     if until_ms.is_none_or(|t| t > self.s.clock.now_ms()) {
-                        // No delivered row stays on disk while the worker sleeps, and the
-                        // next request reports everything up to when it leaves.
+                        // No delivered row stays on disk while the worker sleeps, the next
+                        // request reports everything up to when it leaves, and the store's
+                        // first age check runs where no request waits for it.
                         self.s.queue.settle();
                         self.s.fleet.forget_cut_ahead();
+                        let gone = self.s.queue.expire_first_scan(self.age_cutoff());
+                        self.announce_dropped(
+                            DropReason::Expired,
+                            gone.iter().map(|id| id.to_string()),
+                        );
                     }
                     self.wait(until_ms).await;
                     None
@@ -392,15 +398,12 @@ impl Worker {
 
     /// The store's work between two requests, done while the second is on the wire (decision
     /// 0069), so that draining a backlog does not wait for it between an answer and the next
-    /// request: the rows the last answer delivered deleted, the store's first age check
-    /// (`Queue::expire_first_scan`), the next batch's rows read ahead (store/read_ahead.rs)
-    /// and its report cut (src/fleet). The transport has handed the request to its HTTP stack
-    /// by now, so the collector works on it meanwhile.
+    /// request: the rows the last answer delivered deleted, the next batch's rows read ahead
+    /// (store/read_ahead.rs) and its report cut (src/fleet). The transport has handed the
+    /// request to its HTTP stack by now, so the collector works on it meanwhile.
     fn while_on_the_wire(&self) {
         let s = &self.s;
         s.queue.settle();
-        let gone = s.queue.expire_first_scan(self.age_cutoff());
-        self.announce_dropped(DropReason::Expired, gone.iter().map(|id| id.to_string()));
         s.queue.read_ahead(s.config.max_batch_events as usize);
         s.fleet.cut_ahead(&s.queue, &s.full_stats());
     }

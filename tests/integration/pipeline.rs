@@ -427,3 +427,40 @@ fn a_reopened_backlog_past_its_age_is_counted_and_never_sent() {
     assert!(collector.events().iter().all(|e| e.name == "fresh"));
     assert!(stats.balances());
 }
+
+/// The store's first age check runs when the worker has nothing to send: a backlog reopened
+/// offline past its age leaves the disk, counted, without waiting for the network.
+#[test]
+fn a_backlog_reopened_offline_past_its_age_is_dropped_without_waiting_for_the_network() {
+    let collector = collector();
+    let dir = tempfile::tempdir().unwrap();
+    let (clock, dyn_clock) = manual_clock();
+    let mut cfg = config(&collector);
+    cfg.db_path = Some(dir.path().join("age.db"));
+    cfg.max_event_age_ms = 3_600_000;
+    let spool = EventSpool::builder(cfg.clone())
+        .clock(dyn_clock.clone())
+        .start_offline()
+        .open()
+        .unwrap();
+    for i in 0..40 {
+        spool.track("old", json!({"i": i})).unwrap();
+    }
+    spool.shutdown(WAIT).unwrap();
+    clock.advance(Duration::from_secs(2 * 3600));
+    let spool = EventSpool::builder(cfg)
+        .clock(dyn_clock)
+        .start_offline()
+        .open()
+        .unwrap();
+    let deadline = std::time::Instant::now() + WAIT;
+    // Bounded by WAIT: the worker's first sleep runs the check.
+    while spool.stats().dropped(DropReason::Expired) < 40 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let stats = spool.stats();
+    assert_eq!(stats.dropped(DropReason::Expired), 40);
+    assert_eq!(stats.pending_disk, 0);
+    assert_eq!(stats.requests, 0);
+    assert!(stats.balances());
+}

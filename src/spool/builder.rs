@@ -383,7 +383,10 @@ fn spiller(s: Arc<Shared>) {
 #[cfg(feature = "reqwest")]
 fn beside<A: Send, B>(side: impl FnOnce() -> A + Send, main: impl FnOnce() -> B) -> (A, B) {
     let side = Mutex::new(Some(side));
-    let run_side = || lock(&side).take().map(|f| f());
+    let run_side = || {
+        let taken = lock(&side).take();
+        taken.map(|f| f())
+    };
     std::thread::scope(|scope| {
         let thread = std::thread::Builder::new()
             .name("eventspool-open".into())

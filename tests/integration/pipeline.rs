@@ -1,11 +1,12 @@
 //! Issue 2: the core pipeline end to end.
 
 use std::collections::HashSet;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use eventspool::{DropReason, EventSpool, NewEvent, disk_usage};
-use eventspool_collector::Scripted;
+use eventspool_collector::{ReferenceCollector, Scripted};
 use serde_json::json;
 
 use crate::common::*;
@@ -389,32 +390,38 @@ fn events_older_than_max_event_age_are_counted_and_never_sent() {
     assert!(stats.balances());
 }
 
-/// A backlog reopened past its age: the store's first age check runs while a request is on the
-/// wire, so the batches taken before it hold expired events. The machine drops them before
-/// sending: none reaches the collector, each is counted once, and the fresh ones go out.
-#[test]
-fn a_reopened_backlog_past_its_age_is_counted_and_never_sent() {
-    let collector = collector();
-    let dir = tempfile::tempdir().unwrap();
+/// A store holding `old` events tracked two hours ago, reopened offline now with a one-hour
+/// age limit (the same clock, moved on while it was closed).
+fn reopened_past_its_age(collector: &ReferenceCollector, dir: &Path, old: u32) -> EventSpool {
     let (clock, dyn_clock) = manual_clock();
-    let mut cfg = config(&collector);
-    cfg.db_path = Some(dir.path().join("age.db"));
+    let mut cfg = config(collector);
+    cfg.db_path = Some(dir.join("age.db"));
     cfg.max_event_age_ms = 3_600_000;
-    let spool = EventSpool::builder(cfg.clone())
-        .clock(dyn_clock.clone())
-        .start_offline()
-        .open()
-        .unwrap();
-    for i in 0..250 {
+    let open = |cfg| {
+        EventSpool::builder(cfg)
+            .clock(dyn_clock.clone())
+            .start_offline()
+            .open()
+            .unwrap()
+    };
+    let spool = open(cfg.clone());
+    for i in 0..old {
         spool.track("old", json!({"i": i})).unwrap();
     }
     spool.shutdown(WAIT).unwrap();
     clock.advance(Duration::from_secs(2 * 3600));
-    let spool = EventSpool::builder(cfg)
-        .clock(dyn_clock)
-        .start_offline()
-        .open()
-        .unwrap();
+    open(cfg)
+}
+
+/// A backlog reopened past its age and sent at once: the store's first age check waits until
+/// the worker has nothing to send, so the batches taken before it hold expired events. The
+/// machine drops them before sending: none reaches the collector, each is counted once, and the
+/// fresh ones go out.
+#[test]
+fn a_reopened_backlog_past_its_age_is_counted_and_never_sent() {
+    let collector = collector();
+    let dir = tempfile::tempdir().unwrap();
+    let spool = reopened_past_its_age(&collector, dir.path(), 250);
     for i in 0..30 {
         spool.track("fresh", json!({"i": i})).unwrap();
     }
@@ -434,25 +441,7 @@ fn a_reopened_backlog_past_its_age_is_counted_and_never_sent() {
 fn a_backlog_reopened_offline_past_its_age_is_dropped_without_waiting_for_the_network() {
     let collector = collector();
     let dir = tempfile::tempdir().unwrap();
-    let (clock, dyn_clock) = manual_clock();
-    let mut cfg = config(&collector);
-    cfg.db_path = Some(dir.path().join("age.db"));
-    cfg.max_event_age_ms = 3_600_000;
-    let spool = EventSpool::builder(cfg.clone())
-        .clock(dyn_clock.clone())
-        .start_offline()
-        .open()
-        .unwrap();
-    for i in 0..40 {
-        spool.track("old", json!({"i": i})).unwrap();
-    }
-    spool.shutdown(WAIT).unwrap();
-    clock.advance(Duration::from_secs(2 * 3600));
-    let spool = EventSpool::builder(cfg)
-        .clock(dyn_clock)
-        .start_offline()
-        .open()
-        .unwrap();
+    let spool = reopened_past_its_age(&collector, dir.path(), 40);
     let deadline = std::time::Instant::now() + WAIT;
     // Bounded by WAIT: the worker's first sleep runs the check.
     while spool.stats().dropped(DropReason::Expired) < 40 && std::time::Instant::now() < deadline {

@@ -11,7 +11,7 @@ use std::task::Poll;
 use std::time::{Duration, SystemTime};
 
 use crate::classify::{Outcome, classify};
-use crate::event::{QueuedEvent, SendNote};
+use crate::event::{EventId, QueuedEvent, SendNote};
 use crate::fleet::Steer;
 use crate::machine::{Action, Events, Input, Jitter, Machine, Policy, send_note, timed_out};
 use crate::quarantine::{QuarantinedEvent, Selector};
@@ -109,11 +109,7 @@ impl Worker {
                         // first age check runs where no request waits for it.
                         self.s.queue.settle();
                         self.s.fleet.forget_cut_ahead();
-                        let gone = self.s.queue.expire_first_scan(self.age_cutoff());
-                        self.announce_dropped(
-                            DropReason::Expired,
-                            gone.iter().map(|id| id.to_string()),
-                        );
+                        self.announce_expired(self.s.queue.expire_first_scan(self.age_cutoff()));
                     }
                     self.wait(until_ms).await;
                     None
@@ -251,7 +247,10 @@ impl Worker {
     }
 
     fn expire_queue(&self) {
-        let gone = self.s.queue.expire(self.age_cutoff());
+        self.announce_expired(self.s.queue.expire(self.age_cutoff()));
+    }
+
+    fn announce_expired(&self, gone: Vec<EventId>) {
         self.announce_dropped(DropReason::Expired, gone.iter().map(|id| id.to_string()));
     }
 

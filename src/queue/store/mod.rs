@@ -127,10 +127,10 @@ const WAL_CHECKPOINT_PAGES_MAX: u64 = 1_000;
 /// The same bound for the checkpointer's thread (checkpointer.rs), higher because its copy runs
 /// off the writers' threads. What a writer still pays is the start of the log over: the frames
 /// added while the thread copied are copied by the next commit, two syncs, 1.2-1.5 ms measured,
-/// which on a drain delays the next answer. At 1,000 pages a 100,000-event drain met one
-/// every 30-odd requests; at 4,000 (16 MiB of log at 4 KiB pages, still written over from its
-/// start) the drain's deletes went from 109-117 µs to 87-97 µs on average, and their slowest
-/// hundredth from 1.4-1.5 ms to 0.16-0.27 ms.
+/// which on a drain delays the next answer. At 1,000 pages a 100,000-event drain met about 14
+/// of them; at 4,000 (16 MiB of log at 4 KiB pages, still written over from its start) it met
+/// 3, and the slowest hundredth of the deletes beside its requests went from 1.4-1.5 ms to
+/// 0.16-0.27 ms.
 const BACKGROUND_CHECKPOINT_PAGES_MAX: u64 = 4_000;
 
 /// The frames at which a commit asks for a passive checkpoint. In the committing thread, at

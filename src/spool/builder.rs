@@ -379,27 +379,21 @@ fn spiller(s: Arc<Shared>) {
 }
 
 /// Runs `side` on a thread of its own while `main` runs on this one, or after `main` on this
-/// one when no thread can be started (a process at its thread limit still opens).
+/// one when no thread can be started (a process at its thread limit still opens). `Copy`, as a
+/// function item is, so that a thread that could not start leaves it callable here.
 #[cfg(feature = "reqwest")]
-fn beside<A: Send, B>(side: impl FnOnce() -> A + Send, main: impl FnOnce() -> B) -> (A, B) {
-    let side = Mutex::new(Some(side));
-    let run_side = || {
-        let taken = lock(&side).take();
-        taken.map(|f| f())
-    };
+fn beside<A: Send, B>(side: impl FnOnce() -> A + Send + Copy, main: impl FnOnce() -> B) -> (A, B) {
     std::thread::scope(|scope| {
         let thread = std::thread::Builder::new()
             .name("eventspool-open".into())
-            .spawn_scoped(scope, run_side);
+            .spawn_scoped(scope, side);
         let b = main();
         let a = match thread {
             Ok(thread) => thread
                 .join()
                 .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
-            Err(_) => None,
+            Err(_) => side(),
         };
-        // Not taken by a thread: run here.
-        let a = a.or_else(run_side);
-        (a.expect("`side` ran on one thread or the other"), b)
+        (a, b)
     })
 }

@@ -97,6 +97,9 @@ class EventSpoolTest {
             spool.trackMany(25)
             spool.flush()
             assertTrue(waitUntil { spool.state().state is DeliveryState.WaitingForUser })
+            // Observers are told on the worker's thread after the state is set, so the recorder
+            // may hear of it a little after state() shows it.
+            assertTrue(waitUntil { recorder.states().lastOrNull() is DeliveryState.WaitingForUser }, "${recorder.states()}")
 
             val scheduled = recorder.states().filterIsInstance<DeliveryState.RetryScheduled>()
             // Each retry is announced, then again as its countdown ticks down.
@@ -110,7 +113,6 @@ class EventSpoolTest {
             val waiting = spool.state()
             assertEquals(3u, (waiting.state as DeliveryState.WaitingForUser).attempts)
             assertEquals(25uL, waiting.pending)
-            assertTrue(recorder.states().last() is DeliveryState.WaitingForUser)
 
             collector.start() // recovery: same port, same database
             spool.retryNow()

@@ -229,28 +229,33 @@ internal class Handoff(
 
     private fun send(batch: List<Pending>) {
         synchronized(sendLock) {
-            try {
+            // Each event's outcome (recorded or refused); the callers waiting on them are told
+            // only once the counts include this batch, so one woken by its event (trackDurably)
+            // reads handoffStats() with its batch in them.
+            val recorded: BooleanArray = try {
                 val core = core
                 if (core == null) {
                     val (reason, why) = unavailable()
                     rejected.count(reason, batch.size.toLong()) { why }
-                    batch.forEach { it.done?.complete(false) }
+                    BooleanArray(batch.size)
                 } else {
                     record(core, batch)
                 }
             } catch (e: Throwable) {
                 // Nothing the FFI reports escapes as an exception; this is a bug, counted all the same.
                 rejected.count("internal", batch.size.toLong()) { e.toString() }
-                batch.forEach { it.done?.complete(false) }
+                BooleanArray(batch.size)
             } finally {
                 batches.incrementAndGet()
                 handed.addAndGet(batch.size.toLong())
                 room.release(batch.size)
             }
+            batch.forEachIndexed { i, p -> p.done?.complete(recorded[i]) }
         }
     }
 
-    private fun record(core: EventSpool, batch: List<Pending>) {
+    /** Hands the batch to the core; returns which of its events the core recorded. */
+    private fun record(core: EventSpool, batch: List<Pending>): BooleanArray {
         val lines = StringBuilder(batch.size * 320)
         for (p in batch) lines.append(line(p)).append('\n')
         val report = core.trackBatchReport(lines.toString())
@@ -265,19 +270,17 @@ internal class Handoff(
         if (all != null) {
             // The spool's own state (consent denied, disabled, shut down): one step for the batch.
             rejected.count(all.reason, batch.size.toLong()) { all.message }
-            batch.forEach { it.done?.complete(false) }
-            return
+            return BooleanArray(batch.size)
         }
-        val refusedAt = HashSet<Int>()
+        val recorded = BooleanArray(batch.size) { true }
         for (r in report.refused) {
             val index = r.line.toInt() - 1
             val p = batch.getOrNull(index) ?: continue
-            refusedAt += index
+            recorded[index] = false
             rejected.count(r.refusal.reason) { r.refusal.message }
-            p.done?.complete(false)
             runCatching { onRejected(HandoffRejected(p.id, r.refusal.reason, r.refusal.message)) }
         }
-        batch.forEachIndexed { i, p -> if (i !in refusedAt) p.done?.complete(true) }
+        return recorded
     }
 
     private companion object {

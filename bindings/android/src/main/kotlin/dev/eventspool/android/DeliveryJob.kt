@@ -76,7 +76,7 @@ object DeliveryJob {
     @JvmField @Volatile var scheduler: ((context: Context, delayMs: Long) -> Unit)? = null
 
     /** The job this process runs now, if any: what is scheduled meanwhile must not take its id. */
-    private class Running(val id: Int) {
+    internal class Running(val id: Int) {
         @Volatile var drainWanted = false
     }
 
@@ -138,9 +138,22 @@ object DeliveryJob {
     fun run(context: Context, budgetMs: Long = this.budgetMs, stop: JobStop = JobStop.NEVER): JobNext =
         runAs(context, null, budgetMs, stop, EventSpoolAndroid.spool)
 
-    internal fun runAs(context: Context, jobId: Int?, budgetMs: Long, stop: JobStop, spool: Spool): JobNext {
-        val me = Running(jobId ?: -1)
-        if (jobId != null) running = me
+    /**
+     * Registers the platform's job [jobId] as the one this process runs, from `onStartJob` on,
+     * before its thread starts: a drain asked for from then on (a network callback) goes to that
+     * job instead of scheduling its id, which would make the platform stop it.
+     */
+    internal fun starting(jobId: Int): Running = Running(jobId).also { running = it }
+
+    /** Lets go of a job registered by [starting] whose thread never ran. */
+    internal fun notStarted(job: Running) {
+        if (running === job) running = null
+    }
+
+    /** The drain of a platform job registered by [starting] ([job]), or of an app's own call (null). */
+    internal fun runAs(context: Context, job: Running?, budgetMs: Long, stop: JobStop, spool: Spool): JobNext {
+        val me = job ?: Running(-1)
+        val jobId = job?.id
         try {
             val next = drain(spool, budgetMs, stop = stop)
             val successor = if (jobId == JOB_ID) SUCCESSOR_JOB_ID else JOB_ID
@@ -171,15 +184,23 @@ class DeliveryJobService : JobService() {
         // The process may be new (the app was killed) and the app may install only later: the
         // job opens the spool itself from the app's EventSpoolAndroid.ConfigProvider.
         val spool = EventSpoolAndroid.spoolOrNull() ?: EventSpoolAndroid.installFromProvider(application) ?: return false
-        Thread({
+        val job = DeliveryJob.starting(params?.jobId ?: DeliveryJob.JOB_ID)
+        val thread = Thread({
             try {
-                runCatching { DeliveryJob.runAs(applicationContext, params?.jobId ?: DeliveryJob.JOB_ID, DeliveryJob.budgetMs, stop, spool) }
+                runCatching { DeliveryJob.runAs(applicationContext, job, DeliveryJob.budgetMs, stop, spool) }
                     .onFailure { EventSpoolAndroid.log("eventspool: the delivery job failed: $it", it) }
             } finally {
                 // After onStopJob the platform has let go of the job: nothing to finish.
                 if (!stop.stopped) runCatching { jobFinished(params, false) }
             }
-        }, "eventspool-job").apply { isDaemon = true }.start()
+        }, "eventspool-job").apply { isDaemon = true }
+        try {
+            thread.start()
+        } catch (e: Throwable) {
+            DeliveryJob.notStarted(job)
+            EventSpoolAndroid.log("eventspool: the delivery job's thread did not start: $e", e)
+            return false
+        }
         return true
     }
 

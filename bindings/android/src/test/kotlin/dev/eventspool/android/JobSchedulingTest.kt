@@ -89,6 +89,25 @@ class JobSchedulingTest : AndroidTestBase() {
     }
 
     @Test
+    fun `a drain asked for as the job starts goes to that job, never stops it`() {
+        scriptedCollector("503:30") // the drain waits for its retry: the job is still running after
+        val spool = EventSpoolAndroid.install(app, config())
+        network(validated = true)
+        repeat(10) { spool.track("job", mapOf("i" to it)) }
+        spool.flushBlocking()
+        val pending = anyPendingJob() ?: run { DeliveryJob.schedule(app, 0); anyPendingJob()!! }
+        val (started, job) = JobPlatform.start(app, pending.id)
+        assertTrue(started)
+        // At once, before the job's thread has had a chance to run: a network callback asking for
+        // a drain must find the job already registered as running.
+        DeliveryJob.schedule(app, 0)
+        assertEquals("a drain asked for as the job started scheduled its id", 0, job.stoppedBySchedule)
+        assertTrue(waitUntil { collector.requests() >= 1L })
+        JobPlatform.stop(job)
+        assertTrue("the drain went on after onStopJob", waitUntil(3_000) { !jobThreadAlive() })
+    }
+
+    @Test
     fun `the deliverOn settings are the job's constraints`() {
         val spool = EventSpoolAndroid.install(app, config().apply { deliverOnMetered = false; deliverOnBatteryLow = false })
         repeat(3) { spool.track("constrained", mapOf("i" to it)) }

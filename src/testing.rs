@@ -12,6 +12,10 @@ static FAILING_DELETES: Mutex<Vec<(PathBuf, u32)>> = Mutex::new(Vec::new());
 type SharedHook = std::sync::Arc<dyn Fn() + Send + Sync>;
 static BEFORE_WORKER_DISCARD: Mutex<Vec<(PathBuf, SharedHook)>> = Mutex::new(Vec::new());
 
+/// The smallest body size a 413 may teach (src/split.rs), for the simulation's proxy that
+/// refuses small bodies: a 413 for a body under it is no size limit.
+pub const MIN_LEARNED_BYTES: u64 = crate::split::MIN_LEARNED_BYTES;
+
 fn lock<T>(m: &'static Mutex<T>) -> std::sync::MutexGuard<'static, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }

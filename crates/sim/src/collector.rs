@@ -55,9 +55,8 @@ pub struct Mood {
     pub wall_ms: i64,
 }
 
-/// The SDK's floor for a size a 413 may teach (`MIN_LEARNED_BYTES`): a 413 for a smaller body
-/// is no size limit.
-pub const SMALL_BODY_BYTES: usize = 1024;
+/// The SDK's floor for a size a 413 may teach: a 413 for a smaller body is no size limit.
+pub const SMALL_BODY_BYTES: usize = eventspool::testing::MIN_LEARNED_BYTES as usize;
 
 /// A reason long enough that a 2xx rejecting a whole batch of them outgrows the SDK's read bound.
 const LONG_REASON_BYTES: usize = 4 * 1024;

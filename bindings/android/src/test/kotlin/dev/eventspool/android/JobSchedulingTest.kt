@@ -28,6 +28,22 @@ class JobSchedulingTest : AndroidTestBase() {
 
     private fun anyPendingJob(): JobInfo? = jobs.allPendingJobs.firstOrNull()
 
+    /**
+     * A job started over ten pending events against a collector that answers 503 with a 30 s
+     * `Retry-After`: its drain waits for the retry inside its budget, so the job keeps running.
+     */
+    private fun startWaitingJob(): JobPlatform.Running {
+        scriptedCollector("503:30")
+        val spool = EventSpoolAndroid.install(app, config())
+        network(validated = true)
+        repeat(10) { spool.track("job", mapOf("i" to it)) }
+        spool.flushBlocking()
+        val pending = anyPendingJob() ?: run { DeliveryJob.schedule(app, 0); anyPendingJob()!! }
+        val (started, job) = JobPlatform.start(app, pending.id)
+        assertTrue(started)
+        return job
+    }
+
     @Test
     fun `a running job is not stopped by the successor it schedules`() {
         val spool = EventSpoolAndroid.install(app, config())
@@ -50,14 +66,7 @@ class JobSchedulingTest : AndroidTestBase() {
 
     @Test
     fun `onStopJob stops the drain`() {
-        scriptedCollector("503:30") // the drain would wait 30 s for the retry inside its budget
-        val spool = EventSpoolAndroid.install(app, config())
-        network(validated = true)
-        repeat(10) { spool.track("job", mapOf("i" to it)) }
-        spool.flushBlocking()
-        val pending = anyPendingJob() ?: run { DeliveryJob.schedule(app, 0); anyPendingJob()!! }
-        val (started, job) = JobPlatform.start(app, pending.id)
-        assertTrue(started)
+        val job = startWaitingJob()
         assertTrue(waitUntil { collector.requests() >= 1L })
         assertTrue("the drain is running", jobThreadAlive())
         JobPlatform.stop(job)
@@ -66,13 +75,7 @@ class JobSchedulingTest : AndroidTestBase() {
 
     @Test
     fun `the network, power and trim callbacks do not stop a running job`() {
-        scriptedCollector("503:30")
-        val spool = EventSpoolAndroid.install(app, config())
-        network(validated = true)
-        repeat(10) { spool.track("job", mapOf("i" to it)) }
-        spool.flushBlocking()
-        val pending = anyPendingJob() ?: run { DeliveryJob.schedule(app, 0); anyPendingJob()!! }
-        val (_, job) = JobPlatform.start(app, pending.id)
+        val job = startWaitingJob()
         assertTrue(waitUntil { collector.requests() >= 1L })
 
         lost()
@@ -90,14 +93,7 @@ class JobSchedulingTest : AndroidTestBase() {
 
     @Test
     fun `a drain asked for as the job starts goes to that job, never stops it`() {
-        scriptedCollector("503:30") // the drain waits for its retry: the job is still running after
-        val spool = EventSpoolAndroid.install(app, config())
-        network(validated = true)
-        repeat(10) { spool.track("job", mapOf("i" to it)) }
-        spool.flushBlocking()
-        val pending = anyPendingJob() ?: run { DeliveryJob.schedule(app, 0); anyPendingJob()!! }
-        val (started, job) = JobPlatform.start(app, pending.id)
-        assertTrue(started)
+        val job = startWaitingJob()
         // At once, before the job's thread has had a chance to run: a network callback asking for
         // a drain must find the job already registered as running.
         DeliveryJob.schedule(app, 0)

@@ -1,6 +1,7 @@
 //! Fault points for the crate's own tests (feature `test-util`, never in an app's build): the
 //! moments of README §Consent that a test cannot otherwise reach on purpose, between the denial
-//! being recorded and the kept events being deleted, and a deletion that fails.
+//! being recorded and the kept events being deleted, and a deletion that fails. Also the crate's
+//! own figures that the simulation's collector models, so it never writes them a second time.
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;

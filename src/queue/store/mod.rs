@@ -140,9 +140,10 @@ const BACKGROUND_CHECKPOINT_PAGES_MAX: u64 = 4_000;
 /// before the cap needs it truncated, so the truncating one (which the writer runs, and
 /// waits for) stays for a log the thread could not keep down.
 fn checkpoint_frames(budget: DiskBudget, page_size: u64, background: bool) -> u64 {
-    let (share, most) = match background {
-        true => (4, BACKGROUND_CHECKPOINT_PAGES_MAX),
-        false => (2, WAL_CHECKPOINT_PAGES_MAX),
+    let (share, most) = if background {
+        (4, BACKGROUND_CHECKPOINT_PAGES_MAX)
+    } else {
+        (2, WAL_CHECKPOINT_PAGES_MAX)
     };
     (budget.wal_bytes / share / page_size.max(512)).clamp(8, most)
 }

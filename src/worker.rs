@@ -395,15 +395,16 @@ impl Worker {
         }
     }
 
-    /// The store's work between two requests, done while the second is on the wire (decision
-    /// 0069), so that draining a backlog does not wait for it between an answer and the next
-    /// request: the rows the last answer delivered deleted, the next batch's rows read ahead
-    /// (store/read_ahead.rs) and its report cut (src/fleet). The transport has handed the
-    /// request to its HTTP stack by now, so the collector works on it meanwhile.
+    /// The store's work between two requests, done while the second is on the wire (decisions
+    /// 0069, 0077), so that draining a backlog does not wait for it between an answer and the
+    /// next request: the next batch's rows read ahead (store/read_ahead.rs), the rows the last
+    /// answer delivered deleted and the next batch's send recorded (store/in_flight.rs), and
+    /// its report cut (src/fleet). The transport has handed the request to its HTTP stack by
+    /// now, so the collector works on it meanwhile.
     fn while_on_the_wire(&self) {
         let s = &self.s;
-        s.queue.settle();
-        s.queue.read_ahead(s.config.max_batch_events as usize);
+        s.queue
+            .beside_the_request(s.config.max_batch_events as usize);
         s.fleet.cut_ahead(&s.queue, &s.full_stats());
     }
 

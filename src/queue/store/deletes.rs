@@ -50,18 +50,29 @@ impl Store {
     /// Settles the owed deletes on their own, when there are any (before a read), the
     /// covered reports' ([`Store::reports_delete`]) with them.
     pub(super) fn try_settle_owed(&self, conn: &mut Connection) {
-        let reports: Vec<u64> = lock(&self.owed_reports).clone();
-        if lock(&self.owed).is_empty() && reports.is_empty() {
+        if lock(&self.owed).is_empty() && lock(&self.owed_reports).is_empty() {
             return;
         }
+        self.settle_owed_with(conn, |_| Ok(()));
+    }
+
+    /// One transaction: the owed deletes, the covered reports' deletes, and `also`. False when
+    /// it failed (everything stays owed, for the next write that commits).
+    pub(super) fn settle_owed_with(
+        &self,
+        conn: &Connection,
+        also: impl FnOnce(&Transaction<'_>) -> Result<()>,
+    ) -> bool {
+        let reports: Vec<u64> = lock(&self.owed_reports).clone();
         let settled = (|| -> Result<Vec<u64>> {
-            let tx = conn.transaction()?;
+            let tx = conn.unchecked_transaction()?;
             let settled = self.settle_owed(&tx)?;
             let mut stmt = tx.prepare_cached("DELETE FROM reports WHERE id = ?1")?;
             for id in &reports {
                 stmt.execute([*id as i64])?;
             }
             drop(stmt);
+            also(&tx)?;
             tx.commit()?;
             Ok(settled)
         })();
@@ -70,10 +81,12 @@ impl Store {
                 self.owed_settled(&seqs);
                 lock(&self.owed_reports).retain(|id| !reports.contains(id));
                 self.checkpoint_if_needed(conn);
+                true
             }
             Err(e) => {
                 tracing::debug!(error = %e, "owed deletes still failing");
                 self.after_failed_write_on(conn);
+                false
             }
         }
     }

@@ -10,6 +10,14 @@
 //! withheld), when they are given back to the queue unanswered, when the next send finds
 //! them still queued (a timeout, then a retry), and at the next open after a crash. Rows
 //! delivered meanwhile never get it: they are gone.
+//!
+//! Draining a backlog, even that one row was a commit between an answer and the next request,
+//! with the collector idle. So the commit made while a request is on the wire also adds the
+//! rows read ahead for the next batch to the record ([`Store::settle_recording_ahead`],
+//! decision 0077): when that batch leaves, its count is already kept, and its send writes
+//! nothing. A crash in between counts a send those rows had not had yet: the early count a
+//! crash between the record and its request always made, over a longer window. It never
+//! counts one too few.
 
 use super::*;
 
@@ -31,6 +39,17 @@ impl Store {
             .copied()
             .filter(|s| !owed.contains(s))
             .collect();
+        {
+            let mut ahead = lock(&self.recorded_ahead);
+            if due.is_empty() && seqs.iter().all(|s| ahead.binary_search(s).is_ok()) {
+                // Recorded while the request before was on the wire: already counted.
+                ahead.retain(|s| !seqs.contains(s));
+                *recorded = seqs.to_vec();
+                return Ok(());
+            }
+            // The record this writes names these rows alone.
+            ahead.clear();
+        }
         let written = (|| -> Result<()> {
             let tx = conn.unchecked_transaction()?;
             apply(&tx, &due, SendNote::Sending)?;
@@ -55,9 +74,35 @@ impl Store {
         if due.is_empty() {
             return Ok(kept);
         }
+        // The record this writes names the rows still on the wire alone.
+        lock(&self.recorded_ahead).clear();
         apply(tx, &due, SendNote::Sending)?;
         record(tx, &kept)?;
         Ok(kept)
+    }
+
+    /// While a request is on the wire, after [`Store::read_ahead`]: one commit deletes what
+    /// the last answer delivered (and the reports it covered, as [`Store::settle`]) and adds
+    /// the rows read ahead to the record of the rows on the wire, so the next batch's send
+    /// finds its count kept and writes nothing ([`Store::note_sending`]). The read ahead still
+    /// holds after it: the rows it deletes are owed ones, which the read passed over. When the
+    /// commit fails, the next send records its rows itself.
+    pub fn settle_recording_ahead(&self) {
+        let next: Vec<u64> = match lock(&self.read_ahead).as_ref() {
+            Some(read) if !read.is_empty() => read.seqs(),
+            _ => return self.settle(),
+        };
+        let conn = self.conn();
+        let mut named = lock(&self.in_flight).clone();
+        named.extend_from_slice(&next);
+        let recorded = self.beside_the_queue(&conn, || {
+            self.settle_owed_with(&conn, |tx| Ok(record(tx, &named)?))
+        });
+        if recorded {
+            let mut ahead = next;
+            ahead.sort_unstable();
+            *lock(&self.recorded_ahead) = ahead;
+        }
     }
 
     /// Rows given back to the queue unanswered get the send the record owes them now, so a

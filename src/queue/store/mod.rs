@@ -240,6 +240,9 @@ pub struct Store {
     /// The rows on the wire as the `meta` record names them (in_flight.rs), whose send count
     /// has not reached them yet.
     in_flight: Mutex<Vec<u64>>,
+    /// Rows the record also names, read ahead for the next batch and not sent yet, sorted
+    /// ([`Store::record_ahead`]).
+    recorded_ahead: Mutex<Vec<u64>>,
     /// The next batch's rows, read while the one before it was on the wire (read_ahead.rs).
     read_ahead: Mutex<Option<read_ahead::ReadAhead>>,
     /// Batches given back to the queue ([`Store::release`]): a read ahead from before one is

@@ -110,6 +110,7 @@ impl Store {
             frontier: Mutex::new(frontier),
             quarantine_counts: Mutex::new(None),
             in_flight: Mutex::new(in_flight),
+            recorded_ahead: Mutex::new(Vec::new()),
             read_ahead: Mutex::new(None),
             given_back: AtomicU64::new(0),
             faults,

@@ -336,3 +336,120 @@ fn a_covered_report_is_deleted_with_the_delivered_rows() {
     assert_eq!(on_disk(1), 0, "the settle did not delete it");
     assert_eq!(on_disk(2), 1);
 }
+
+/// Moves with every commit another connection (the store's) makes (`PRAGMA data_version`).
+fn commits_seen(other: &rusqlite::Connection) -> i64 {
+    other
+        .query_row("PRAGMA data_version", [], |r| r.get(0))
+        .unwrap()
+}
+
+/// `first` sent, and the store's work while it is on the wire done: the next rows read ahead
+/// and recorded (decision 0077).
+fn with_next_batch_recorded(path: &Path) -> (Store, Vec<u64>) {
+    let (store, first) = with_batch_on_the_wire(path, 30, 10);
+    store.note_sends(&first, SendNote::Sending).unwrap();
+    store.read_ahead(10);
+    store.settle_recording_ahead();
+    (store, first)
+}
+
+/// Draining, the batch read ahead while the one before it was on the wire leaves without a
+/// commit: its send was recorded with the read (decision 0077). Without that, every request
+/// of a drain waited for a commit after the answer before it. The read ahead holds across
+/// the commit that recorded it (a row renamed by another connection keeps the name it was read
+/// with), and a crash while the batch is on the wire counts its send.
+#[test]
+fn the_batch_recorded_ahead_leaves_without_a_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.db");
+    let (store, first) = with_next_batch_recorded(&path);
+    let other = rusqlite::Connection::open(&path).unwrap();
+    other
+        .execute(
+            r#"UPDATE events SET body = replace(body, '"e11"', '"renamed"') WHERE seq = 11"#,
+            [],
+        )
+        .unwrap();
+    // The answer: `first` delivered.
+    store.delete_later(&first).unwrap();
+    let next = store.oldest(10).unwrap();
+    assert!(
+        next[0].json.contains(r#""e11""#),
+        "the read ahead was not kept"
+    );
+    let second = seqs(&next);
+    assert_eq!(second, (11..=20).collect::<Vec<_>>());
+    store.lease(&second);
+    let before = commits_seen(&other);
+    store.note_sends(&second, SendNote::Sending).unwrap();
+    assert_eq!(
+        commits_seen(&other),
+        before,
+        "the send of a batch recorded ahead committed"
+    );
+    drop(store);
+    let _store = open(&path);
+    for seq in &second {
+        assert_eq!(counts(&path, *seq), (1, 1), "row {seq}");
+    }
+    assert_eq!(counts(&path, 21), (0, 0), "a row that was never recorded");
+}
+
+/// A crash after the next batch was recorded ahead and before it left counts a send its rows
+/// had not had yet: early, like a crash between any record and its request, never one too few.
+#[test]
+fn a_crash_before_the_batch_recorded_ahead_leaves_counts_its_send_early() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.db");
+    let (store, first) = with_next_batch_recorded(&path);
+    drop(store);
+    let _store = open(&path);
+    assert_eq!(counts(&path, first[0]), (1, 1), "the batch on the wire");
+    assert_eq!(counts(&path, 11), (1, 1), "the batch recorded ahead");
+    assert_eq!(counts(&path, 21), (0, 0), "a row past both");
+}
+
+/// A batch other than the one recorded ahead (here the batch on the wire again, after a
+/// timeout) records itself, and the rows recorded ahead leave the record: a crash then counts
+/// no send on them.
+#[test]
+fn a_resend_instead_of_the_batch_recorded_ahead_takes_it_off_the_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.db");
+    let (store, first) = with_next_batch_recorded(&path);
+    let other = rusqlite::Connection::open(&path).unwrap();
+    let before = commits_seen(&other);
+    store.note_sends(&first, SendNote::Sending).unwrap();
+    assert_ne!(commits_seen(&other), before, "the resend was not recorded");
+    drop(store);
+    let _store = open(&path);
+    assert_eq!(counts(&path, first[0]), (2, 2), "both sends of the batch");
+    assert_eq!(
+        counts(&path, 11),
+        (0, 0),
+        "rows recorded ahead and never sent"
+    );
+}
+
+/// A batch recorded ahead whose answer failed (a 503) gets its send and the answer on its rows,
+/// as one recorded by its own send does.
+#[test]
+fn an_answer_to_the_batch_recorded_ahead_is_counted_on_its_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.db");
+    let (store, first) = with_next_batch_recorded(&path);
+    store.delete_later(&first).unwrap();
+    let second = seqs(&store.oldest(10).unwrap());
+    store.lease(&second);
+    store.note_sends(&second, SendNote::Sending).unwrap();
+    store.note_sends(&second, SendNote::Answered).unwrap();
+    assert_eq!(counts(&path, second[0]), (1, 0));
+    drop(store);
+    let _store = open(&path);
+    assert_eq!(
+        counts(&path, second[0]),
+        (1, 0),
+        "nothing left to apply at open"
+    );
+}

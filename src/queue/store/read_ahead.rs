@@ -21,6 +21,17 @@ pub(super) struct ReadAhead {
     given_back: u64,
 }
 
+impl ReadAhead {
+    pub(super) fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    /// The seqs of the rows read, in delivery order.
+    pub(super) fn seqs(&self) -> Vec<u64> {
+        self.rows.iter().map(|e| e.seq).collect()
+    }
+}
+
 impl Store {
     /// Reads the oldest `limit` queued rows (passing over the leased and the owed, like
     /// [`Store::oldest`]) and keeps them for the next [`Store::oldest`]. A pure read: it
@@ -77,8 +88,9 @@ impl Store {
         Some(rows)
     }
 
-    /// Runs a write that touches no queued row (the fleet's reports): SQLite's change count
-    /// moves, but a read ahead from before it still holds.
+    /// Runs a write that touches no row a read ahead reads (the fleet's reports, the record of
+    /// the rows on the wire, rows owed a delete): SQLite's change count moves, but a read
+    /// ahead from before it still holds.
     pub(super) fn beside_the_queue<T>(&self, conn: &Connection, write: impl FnOnce() -> T) -> T {
         let before = conn.total_changes();
         let done = write();

@@ -303,7 +303,8 @@ impl Worker {
         }
         self.note_sends(self.machine.in_flight(), SendNote::Sending);
         // What the ledger says since the last report rides with this request (src/fleet).
-        s.fleet.cut_before_request(&s.queue, || s.full_stats());
+        s.fleet
+            .cut_before_request(&s.queue, s.clock.now_ms(), || s.full_stats());
         let (report_ids, reports) = s.fleet.for_request(self.report_room);
         let events = self.machine.in_flight();
         let body = wire::batch_body(
@@ -405,7 +406,8 @@ impl Worker {
         let s = &self.s;
         s.queue
             .beside_the_request(s.config.max_batch_events as usize);
-        s.fleet.cut_ahead(&s.queue, &s.full_stats());
+        s.fleet
+            .cut_ahead(&s.queue, &s.full_stats(), s.clock.now_ms());
     }
 
     /// Delivered events leave the queue; their rows are deleted while the next request is on

@@ -5,6 +5,8 @@
 //! Reports ride on requests that go anyway. Before a batch is sent, what changed in the ledger
 //! since the last report is cut into a new report with the next id and kept in the store; every
 //! request carries the oldest waiting reports, and a 2xx covers them (they are then forgotten).
+//! Draining a backlog, a change of the events' way through alone (nothing lost) waits up to
+//! [`DRAIN_REPORT_INTERVAL_MS`] (decision 0078), so a drain's requests do not each carry one.
 //! Anything else (no answer, a 5xx, a restart) leaves them waiting, and they are resent with the
 //! same ids, so a collector that totals each (install, id) once gets exact totals whatever the
 //! network lost, repeated or reordered. When nothing else is to be sent, a report waits for the
@@ -44,6 +46,13 @@ pub const MAX_REPORTS_PER_REQUEST: usize = 4;
 /// from the room of the events, so a body never outgrows `max_batch_bytes` or a limit a 413
 /// taught. At most a quarter of the room, so small batch limits keep most of it for events.
 pub const MAX_REPORT_ROOM_BYTES: u64 = 4096;
+
+/// Draining, a report of the events' way through alone (tracked, restored, redriven,
+/// delivered: nothing lost) is cut at most this often, on the monotonic clock. Cut for every
+/// batch, it made the collector record a report with every request of a drain, which the
+/// events themselves never ask of it; losses are cut before the next request whenever they
+/// happen, and a drain's last counts go with the first request after it.
+pub const DRAIN_REPORT_INTERVAL_MS: u64 = 5_000;
 
 /// The part of a batch's `room` (bytes of event JSON) kept for its reports.
 pub fn report_room(room: u64) -> u64 {
@@ -125,6 +134,8 @@ struct Inner {
     /// A report was cut while the last request was on the wire ([`Fleet::cut_ahead`]): the
     /// next request carries it instead of cutting one more.
     cut_ahead: bool,
+    /// When the last report was cut by a request (monotonic ms); `None` before the first.
+    last_cut_ms: Option<u64>,
 }
 
 impl Fleet {
@@ -236,22 +247,23 @@ impl Fleet {
         (g.applied_count, g.ignored_count)
     }
 
-    /// Before a request leaves: cuts a report ([`Fleet::cut`]) unless one was cut while the
-    /// request before it was on the wire, so draining a backlog does not make a report's
-    /// commit wait between every answer and the next request.
-    pub fn cut_before_request(&self, queue: &Queue, stats: impl FnOnce() -> Stats) {
+    /// Before a request leaves (at `now_ms`, monotonic): cuts a report ([`Fleet::cut`]) unless
+    /// one was cut while the request before it was on the wire, so draining a backlog does not
+    /// make a report's commit wait between every answer and the next request.
+    pub fn cut_before_request(&self, queue: &Queue, now_ms: u64, stats: impl FnOnce() -> Stats) {
         if std::mem::take(&mut lock(&self.inner).cut_ahead) {
             return;
         }
-        self.cut(queue, &stats());
+        self.cut_at(queue, &stats(), Some(now_ms), false);
     }
 
-    /// While a request is on the wire: cuts a report (when the ledger changed) for the next
-    /// request to carry, kept in the store before that request leaves like any other. That
-    /// request cuts none of its own: what changes until it leaves (the answer to this one)
-    /// goes in the report cut while it is on the wire.
-    pub fn cut_ahead(&self, queue: &Queue, stats: &Stats) {
-        self.cut(queue, stats);
+    /// While a request is on the wire (at `now_ms`, monotonic): cuts a report (when the ledger
+    /// changed) for the next request to carry, kept in the store before that request leaves
+    /// like any other. That request cuts none of its own: what changes until it leaves (the
+    /// answer to this one) goes in the report cut while it is on the wire. A change of the
+    /// events' way through alone waits for [`DRAIN_REPORT_INTERVAL_MS`] since the last report.
+    pub fn cut_ahead(&self, queue: &Queue, stats: &Stats, now_ms: u64) {
+        self.cut_at(queue, stats, Some(now_ms), true);
         lock(&self.inner).cut_ahead = true;
     }
 
@@ -264,6 +276,12 @@ impl Fleet {
     /// Cuts a report of what changed since the last one (nothing when nothing changed) and
     /// keeps it in the store. `stats` is a full [`Stats`] (queue sizes filled in).
     pub fn cut(&self, queue: &Queue, stats: &Stats) {
+        self.cut_at(queue, stats, None, false);
+    }
+
+    /// [`Fleet::cut`], by a request at `now_ms` when given; `flow_may_wait`: a delta without
+    /// losses is held while the last report is younger than [`DRAIN_REPORT_INTERVAL_MS`].
+    fn cut_at(&self, queue: &Queue, stats: &Stats, now_ms: Option<u64>, flow_may_wait: bool) {
         let Some(install_id) = self.install_id() else {
             // Denied: nothing is sent, and nothing under an id a denial deleted is kept.
             return;
@@ -272,6 +290,13 @@ impl Fleet {
         let now = Tally::of(stats, &g.quarantined, g.quarantine_purged);
         let delta = now.since(&g.baseline);
         if delta.is_empty() || g.waiting.len() >= MAX_WAITING_REPORTS {
+            return;
+        }
+        let recent = match (now_ms, g.last_cut_ms) {
+            (Some(at), Some(last)) => at < last.saturating_add(DRAIN_REPORT_INTERVAL_MS),
+            _ => false,
+        };
+        if flow_may_wait && recent && !delta.has_losses() {
             return;
         }
         let id = g.next_report;
@@ -287,6 +312,9 @@ impl Fleet {
         g.next_report = id + 1;
         g.waiting.push((id, body));
         g.baseline = now;
+        if now_ms.is_some() {
+            g.last_cut_ms = now_ms;
+        }
     }
 
     /// The reports the next request carries, the oldest that fit in `room` bytes of body:

@@ -67,6 +67,12 @@ impl Tally {
         *self == Tally::default()
     }
 
+    /// Whether anything was lost: quarantined, dropped or purged. Without it, a delta holds
+    /// only the counts of the events' way through (tracked, restored, redriven, delivered).
+    pub fn has_losses(&self) -> bool {
+        !self.quarantined.is_empty() || !self.dropped.is_empty() || self.quarantine_purged > 0
+    }
+
     /// The report as it goes on the wire: this delta, with its id, the install it comes from,
     /// and the queue's sizes when it was cut.
     pub fn to_report(

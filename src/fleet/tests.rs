@@ -310,3 +310,47 @@ fn install_ids_come_from_the_os_not_from_a_seeded_generator() {
         "the same id twice after the same seed: it comes from the process's generator"
     );
 }
+
+/// Draining (reports cut while a request is on the wire), a report of the events' way through
+/// alone is cut at most every [`DRAIN_REPORT_INTERVAL_MS`]: cut for every batch, it made the
+/// collector record a report with every request. A loss is cut at once, what waited goes with
+/// the next report, and a request that does not follow another cuts whatever changed.
+#[test]
+fn a_drain_cuts_a_report_of_deliveries_alone_at_most_every_interval() {
+    let q = queue();
+    let fleet = Fleet::load(&q, true, 60_000, (0, 0), crate::Consent::Granted);
+    let step = DRAIN_REPORT_INTERVAL_MS / 10;
+    fleet.cut_ahead(&q, &stats(100, 0, 0), 0);
+    for i in 1..10 {
+        fleet.cut_ahead(&q, &stats(100, i * 10, 0), i * step);
+    }
+    assert_eq!(
+        fleet.for_request(u64::MAX).0,
+        vec![1],
+        "deliveries alone were cut within the interval"
+    );
+    // An event expires: cut at once, with the deliveries that waited.
+    fleet.cut_ahead(&q, &stats(100, 95, 1), 10 * step - 1);
+    fleet.cut_ahead(&q, &stats(100, 96, 1), 10 * step);
+    let (ids, body) = fleet.for_request(u64::MAX);
+    assert_eq!(
+        ids,
+        vec![1, 2],
+        "a loss waited, or deliveries alone did not"
+    );
+    let reports: Vec<Value> = serde_json::from_str(&body.unwrap()).unwrap();
+    assert_eq!(reports[1]["delivered"], 95);
+    assert_eq!(reports[1]["dropped"]["expired"], 1);
+    // The interval since the last report passed: deliveries alone are cut.
+    fleet.cut_ahead(&q, &stats(100, 97, 1), 20 * step - 1);
+    fleet.forget_cut_ahead();
+    // Not a drain: whatever changed is cut.
+    fleet.cut_before_request(&q, 20 * step, || stats(100, 98, 1));
+    let (ids, body) = fleet.for_request(u64::MAX);
+    assert_eq!(ids, vec![1, 2, 3, 4]);
+    let reports: Vec<Value> = serde_json::from_str(&body.unwrap()).unwrap();
+    assert_eq!(
+        (&reports[2]["delivered"], &reports[3]["delivered"]),
+        (&2.into(), &1.into())
+    );
+}

@@ -61,7 +61,40 @@ pub const ATTEMPT_CEILING_FACTOR: u32 = 12;
 pub fn batch_request(
     config: &Config,
     api_key: Option<&str>,
-    mut body: Vec<u8>,
+    body: Vec<u8>,
+    events: usize,
+    attempt: u32,
+) -> HttpRequest {
+    request_for(config, api_key, encode_body(config, body), events, attempt)
+}
+
+/// A batch body as it goes on the wire ([`encode_body`]).
+pub struct WireBody {
+    bytes: Vec<u8>,
+    gzip: bool,
+}
+
+/// `body` (from [`batch_body`]) as it goes on the wire: gzip past [`GZIP_THRESHOLD_BYTES`] when
+/// `config.compression` says so. Apart from [`request_for`], so a drain can encode the next
+/// body while the request before it is on the wire.
+pub fn encode_body(config: &Config, body: Vec<u8>) -> WireBody {
+    if config.compression == Compression::Gzip && body.len() > GZIP_THRESHOLD_BYTES {
+        return WireBody {
+            bytes: gzip(&body),
+            gzip: true,
+        };
+    }
+    WireBody {
+        bytes: body,
+        gzip: false,
+    }
+}
+
+/// [`batch_request`] of a body already encoded.
+pub fn request_for(
+    config: &Config,
+    api_key: Option<&str>,
+    body: WireBody,
     events: usize,
     attempt: u32,
 ) -> HttpRequest {
@@ -70,8 +103,7 @@ pub fn batch_request(
         ("User-Agent".to_string(), USER_AGENT.to_string()),
         ("X-Eventspool-Attempt".to_string(), attempt.to_string()),
     ];
-    if config.compression == Compression::Gzip && body.len() > GZIP_THRESHOLD_BYTES {
-        body = gzip(&body);
+    if body.gzip {
         headers.push(("Content-Encoding".to_string(), "gzip".to_string()));
     }
     if let Some(key) = api_key {
@@ -81,7 +113,7 @@ pub fn batch_request(
         method: "POST".into(),
         url: config.endpoint.clone(),
         headers,
-        body,
+        body: body.bytes,
         stall_timeout: Duration::from_millis(config.attempt_timeout_ms),
         timeout: Duration::from_millis(config.attempt_timeout_ms)
             .saturating_mul(ATTEMPT_CEILING_FACTOR),

@@ -63,7 +63,7 @@ impl Queue {
                     in_memory.peek().map(|m| m.bytes())
                 };
                 let size = size.unwrap_or(0) + 1;
-                if !picked.is_empty() && bytes + size > room {
+                if !fits(picked.len(), bytes, size, room) {
                     break;
                 }
                 bytes += size;
@@ -90,6 +90,33 @@ impl Queue {
             store.lease(&seqs_by_origin(&picked).1);
         }
         picked
+    }
+
+    /// What [`Queue::next_batch`] would take now, when it can be told without taking it: memory
+    /// holds nothing to send and the store's read ahead holds the next rows (a drain of a stored
+    /// backlog). `f` sees those events; `None` otherwise. Takes nothing and writes nothing.
+    pub fn next_batch_ahead<T>(
+        &self,
+        limit: usize,
+        room: u64,
+        f: impl FnOnce(&[QueuedEvent]) -> T,
+    ) -> Option<T> {
+        let store = self.store.as_ref()?;
+        let _guard = self.spill_lock.lock();
+        if self.memory().held() > 0 || self.durable_waiting() {
+            return None;
+        }
+        store.with_read_ahead(limit, |rows| {
+            let (mut taken, mut bytes) = (0, 0);
+            for event in rows.iter().take(limit) {
+                let size = event.bytes() + 1;
+                if !fits(taken, bytes, size, room) {
+                    break;
+                }
+                (taken, bytes) = (taken + 1, bytes + size);
+            }
+            f(&rows[..taken])
+        })
     }
 
     /// Takes events out of the queue after the collector answered for them (delivered or
@@ -238,4 +265,11 @@ pub(super) fn seqs_by_origin(events: &[(QueuedEvent, bool)]) -> (Vec<u64>, Vec<u
     let (disk, memory): (Vec<_>, Vec<_>) = events.iter().partition(|(_, from_store)| *from_store);
     let seqs = |v: Vec<&(QueuedEvent, bool)>| v.iter().map(|(e, _)| e.seq).collect();
     (seqs(memory), seqs(disk))
+}
+
+/// Whether an event of `size` bytes (its JSON and a comma) joins a batch that holds `picked`
+/// events of `bytes` so far, under `room`: the first always does, so an event larger than the
+/// room still goes (alone), and the collector's answer says what to do with it.
+fn fits(picked: usize, bytes: u64, size: u64, room: u64) -> bool {
+    picked == 0 || bytes + size <= room
 }

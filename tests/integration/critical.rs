@@ -214,3 +214,43 @@ fn a_critical_event_is_durable_and_skips_flush_at_and_the_throttle() {
         "the rest waits for the throttle"
     );
 }
+
+/// A critical event tracked while a drain's request is on the wire goes in the next request
+/// the worker takes, not in a body built ahead for the backlog's next rows: the collector gets
+/// it at the head of a request, and every event once. The collector answers slowly, so the
+/// event lands while each request is on the wire and after the next body was built.
+#[test]
+fn a_critical_event_tracked_during_a_drain_goes_in_the_next_request_sent() {
+    let rig = rig().stored().offline().instant().open();
+    let backlog: Vec<NewEvent> = (0..1000)
+        .map(|i| NewEvent::new("backlog", json!({ "i": i })))
+        .collect();
+    let mut tracked = rig.track_batch(&backlog).unwrap();
+    rig.persist().unwrap();
+    rig.collector.set_behavior(eventspool_collector::Behavior {
+        delay: Some(std::time::Duration::from_millis(40)),
+        ..Default::default()
+    });
+    rig.set_online(true);
+    assert!(rig.collector.wait_for_requests(2, WAIT));
+    let urgent = rig.track_event(critical("crash", json!({}))).unwrap();
+    tracked.push(urgent);
+    assert!(rig.wait_drained(WAIT), "{}", rig.state());
+    let requests = rig.collector.requests();
+    let carrying: Vec<_> = requests
+        .iter()
+        .filter(|r| r.event_ids.contains(&urgent.to_string()))
+        .collect();
+    assert_eq!(carrying.len(), 1, "the critical event reached the collector once");
+    assert_eq!(
+        carrying[0].event_ids.first(),
+        Some(&urgent.to_string()),
+        "the critical event leads its request"
+    );
+    let received: Vec<String> = requests.iter().flat_map(|r| r.event_ids.clone()).collect();
+    let mut expected: Vec<String> = tracked.iter().map(ToString::to_string).collect();
+    let mut got = received.clone();
+    expected.sort();
+    got.sort();
+    assert_eq!(got, expected, "every event once");
+}

@@ -26,6 +26,12 @@ impl ReadAhead {
         self.rows.is_empty()
     }
 
+    /// Whether it holds the first `limit` rows: read with that limit or more, or the queue
+    /// had fewer.
+    fn covers(&self, limit: usize) -> bool {
+        limit <= self.limit || self.rows.len() < self.limit
+    }
+
     /// The seqs of the rows read, in delivery order.
     pub(super) fn seqs(&self) -> Vec<u64> {
         self.rows.iter().map(|e| e.seq).collect()
@@ -76,7 +82,7 @@ impl Store {
         {
             return None;
         }
-        if limit > ahead.limit && ahead.rows.len() == ahead.limit {
+        if !ahead.covers(limit) {
             return None;
         }
         let skipped = self.skipped();
@@ -86,6 +92,22 @@ impl Store {
         let mut rows = ahead.rows;
         rows.truncate(limit);
         Some(rows)
+    }
+
+    /// `f` over the rows read ahead, when a read ahead of at least `limit` rows (or of the
+    /// whole queue) is kept; `None` otherwise. Whether the next batch will take them is
+    /// [`Store::oldest`]'s to decide: this only shows them.
+    pub fn with_read_ahead<T>(
+        &self,
+        limit: usize,
+        f: impl FnOnce(&[QueuedEvent]) -> T,
+    ) -> Option<T> {
+        let ahead = lock(&self.read_ahead);
+        let read = ahead.as_ref()?;
+        if read.rows.is_empty() || !read.covers(limit) {
+            return None;
+        }
+        Some(f(&read.rows))
     }
 
     /// Runs a write that touches no row a read ahead reads (the fleet's reports, the record of

@@ -241,7 +241,11 @@ fn a_critical_event_tracked_during_a_drain_goes_in_the_next_request_sent() {
         .iter()
         .filter(|r| r.event_ids.contains(&urgent.to_string()))
         .collect();
-    assert_eq!(carrying.len(), 1, "the critical event reached the collector once");
+    assert_eq!(
+        carrying.len(),
+        1,
+        "the critical event reached the collector once"
+    );
     assert_eq!(
         carrying[0].event_ids.first(),
         Some(&urgent.to_string()),

@@ -33,22 +33,26 @@ impl Store {
         let mut recorded = lock(&self.in_flight);
         // What an earlier send still owes rows that are queued (a timeout, then this resend);
         // rows owed a delete were delivered, and their count no longer matters.
-        let owed: Vec<u64> = lock(&self.owed).iter().map(|o| o.seq).collect();
+        // Sorted: a drain's batch of 100 is owed a delete as the next one leaves.
+        let mut owed: Vec<u64> = lock(&self.owed).iter().map(|o| o.seq).collect();
+        owed.sort_unstable();
         let due: Vec<u64> = recorded
             .iter()
             .copied()
-            .filter(|s| !owed.contains(s))
+            .filter(|s| owed.binary_search(s).is_err())
             .collect();
         {
             let mut ahead = lock(&self.recorded_ahead);
-            if due.is_empty() && seqs.iter().all(|s| ahead.binary_search(s).is_ok()) {
+            let counted = due.is_empty() && seqs.iter().all(|s| ahead.binary_search(s).is_ok());
+            // Rows recorded ahead and left out of this batch stay named on the record until
+            // its next write (a crash counts them early, like any row recorded ahead); their
+            // own send records them again.
+            ahead.clear();
+            if counted {
                 // Recorded while the request before was on the wire: already counted.
-                ahead.retain(|s| !seqs.contains(s));
                 *recorded = seqs.to_vec();
                 return Ok(());
             }
-            // The record this writes names these rows alone.
-            ahead.clear();
         }
         let written = (|| -> Result<()> {
             let tx = conn.unchecked_transaction()?;

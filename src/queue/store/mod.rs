@@ -241,7 +241,7 @@ pub struct Store {
     /// has not reached them yet.
     in_flight: Mutex<Vec<u64>>,
     /// Rows the record also names, read ahead for the next batch and not sent yet, sorted
-    /// ([`Store::record_ahead`]).
+    /// ([`Store::settle_recording_ahead`]).
     recorded_ahead: Mutex<Vec<u64>>,
     /// The next batch's rows, read while the one before it was on the wire (read_ahead.rs).
     read_ahead: Mutex<Option<read_ahead::ReadAhead>>,

@@ -360,7 +360,9 @@ impl Worker {
                 // Lets the transport's connection task write the request first.
                 tokio::task::yield_now().await;
                 self.while_on_the_wire();
-                self.body_ahead = self.build_body_ahead();
+                if self.back_to_back() {
+                    self.body_ahead = self.build_body_ahead();
+                }
                 let send = tokio::time::timeout(timeout + Duration::from_millis(250), send);
                 tokio::select! {
                     result = send => result.unwrap_or(Err(TransportError::Timeout)),
@@ -436,9 +438,18 @@ impl Worker {
     fn while_on_the_wire(&self) {
         let s = &self.s;
         s.queue
-            .beside_the_request(s.config.max_batch_events as usize);
+            .beside_the_request(s.config.max_batch_events as usize, self.back_to_back());
         s.fleet
             .cut_ahead(&s.queue, &s.full_stats(), s.clock.now_ms());
+    }
+
+    /// Whether a drain's next request follows the answer at once: no pause between batches
+    /// (`min_batch_interval_ms` 0). Only then is the next send recorded and its body built
+    /// while a request is on the wire. Behind the throttle (1 s by default) nothing would be
+    /// gained, the body would be thrown away at the pause, and a crash in the pause would
+    /// count a send on rows that had not left (decision 0077).
+    fn back_to_back(&self) -> bool {
+        self.s.config.min_batch_interval_ms == 0
     }
 
     /// The next request's body, built while this one is on the wire, when the next batch can

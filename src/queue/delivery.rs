@@ -161,13 +161,18 @@ impl Queue {
 
     /// The store's work while a batch is on the wire: reads the next `limit` rows, for the
     /// next [`Queue::next_batch`] to take if nothing changes before it (store/read_ahead.rs),
-    /// then deletes what the last answer delivered and records the rows read as the ones the
-    /// next send counts, in one commit (store/in_flight.rs): that send then has nothing to
-    /// write between the answer and its request.
-    pub fn beside_the_request(&self, limit: usize) {
+    /// then deletes what the last answer delivered. With `record_next` (the next request
+    /// follows the answer at once), the same commit records the rows read as the ones the
+    /// next send counts (store/in_flight.rs): that send then has nothing to write between the
+    /// answer and its request.
+    pub fn beside_the_request(&self, limit: usize, record_next: bool) {
         if let Some(store) = &self.store {
             store.read_ahead(limit);
-            store.settle_recording_ahead();
+            if record_next {
+                store.settle_recording_ahead();
+            } else {
+                store.settle();
+            }
         }
     }
 

@@ -453,3 +453,64 @@ fn a_backlog_reopened_offline_past_its_age_is_dropped_without_waiting_for_the_ne
     assert_eq!(stats.requests, 0);
     assert!(stats.balances());
 }
+
+/// The next batch's send is recorded ahead only when it follows at once (decision 0077). With
+/// the throttle (`min_batch_interval_ms`, 1 s by default) the worker pauses between batches,
+/// and a crash in that pause must not count a send on rows that never left: their first
+/// request would say it is a resend. The clock here never moves, so the worker stays in the
+/// pause after the first answer.
+#[test]
+fn a_crash_in_the_throttle_pause_counts_no_send_on_the_next_batch() {
+    let collector = collector();
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("events.db");
+    let open = || {
+        let mut cfg = config(&collector);
+        cfg.db_path = Some(db.clone());
+        cfg.max_batch_events = 10;
+        cfg.min_batch_interval_ms = 1_000;
+        EventSpool::builder(cfg)
+            .clock(Arc::new(Arc::new(eventspool::ManualClock::new(
+                1_764_417_600_000,
+            ))))
+            .open()
+            .unwrap()
+    };
+    let spool = open();
+    spool.set_online(false);
+    for i in 0..30 {
+        spool.track("e", json!({ "i": i })).unwrap();
+    }
+    assert_eq!(spool.persist().unwrap(), 30);
+    spool.set_online(true);
+    spool.flush();
+    let deadline = std::time::Instant::now() + WAIT;
+    while spool.stats().delivered < 10 {
+        assert!(std::time::Instant::now() < deadline, "{}", spool.state());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(
+        collector.request_count(),
+        1,
+        "the throttle let a second batch go"
+    );
+    spool.crash();
+    // The next open applies what the record of the rows on the wire still owes.
+    let reopened = open();
+    reopened.set_online(false);
+    let sends: Vec<(i64, i64)> = rusqlite::Connection::open(&db)
+        .unwrap()
+        // The 20 events after the first batch (whose rows may or may not be deleted yet).
+        .prepare("SELECT sends, unanswered FROM events ORDER BY seq DESC LIMIT 20")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(
+        sends,
+        vec![(0, 0); 20],
+        "the batches after the pause were never sent"
+    );
+    reopened.shutdown(WAIT).unwrap();
+}

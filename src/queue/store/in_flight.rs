@@ -11,9 +11,9 @@
 //! them still queued (a timeout, then a retry), and at the next open after a crash. Rows
 //! delivered meanwhile never get it: they are gone.
 //!
-//! Draining a backlog, even that one row was a commit between an answer and the next request,
-//! with the collector idle. So the commit made while a request is on the wire also adds the
-//! rows read ahead for the next batch to the record ([`Store::settle_recording_ahead`],
+//! Draining a backlog without a pause between batches, even that one row was a commit between
+//! an answer and the next request, with the collector idle. So the commit made while a request
+//! is on the wire also adds the rows read ahead for the next batch to the record ([`Store::settle_recording_ahead`],
 //! decision 0077): when that batch leaves, its count is already kept, and its send writes
 //! nothing. A crash in between counts a send those rows had not had yet: the early count a
 //! crash between the record and its request always made, over a longer window. It never

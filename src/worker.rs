@@ -26,9 +26,8 @@ use futures_util::future::BoxFuture;
 struct Worker {
     s: Arc<Shared>,
     machine: Machine,
-    /// Body bytes the batch in flight left for client reports ([`crate::fleet::report_room`]).
-    report_room: u64,
-    /// The room the machine gave the batch in flight (events and reports).
+    /// The room the machine gave the batch in flight (events and reports; the reports' part is
+    /// [`crate::fleet::report_room`] of it).
     room: u64,
     /// The next request's body, built while the request before it was on the wire.
     body_ahead: Option<BodyAhead>,
@@ -58,7 +57,6 @@ pub async fn run(shared: Arc<Shared>) {
     let mut worker = Worker {
         machine,
         s: shared,
-        report_room: 0,
         room: 0,
         body_ahead: None,
     };
@@ -298,8 +296,7 @@ impl Worker {
     fn assemble(&mut self, room: u64) -> Option<Events> {
         // Part of the room goes to the client reports the batch carries (src/fleet).
         self.room = room;
-        self.report_room = crate::fleet::report_room(room);
-        let room = room - self.report_room;
+        let room = room - crate::fleet::report_room(room);
         let s = &self.s;
         let limit = s.config.max_batch_events as usize;
         let picked = s.queue.next_batch(limit, room);
@@ -325,13 +322,11 @@ impl Worker {
         // What the ledger says since the last report rides with this request (src/fleet).
         s.fleet
             .cut_before_request(&s.queue, s.clock.now_ms(), || s.full_stats());
-        let (report_ids, reports) = s.fleet.for_request(self.report_room);
+        let (report_ids, reports) = s.fleet.for_request(crate::fleet::report_room(self.room));
         let ahead = self.body_ahead.take();
         let events = self.machine.in_flight();
         let (body, body_bytes) = match ahead.filter(|a| {
-            a.report_ids == report_ids
-                && a.seqs.len() == events.len()
-                && a.seqs.iter().zip(events).all(|(seq, (e, _))| *seq == e.seq)
+            a.report_ids == report_ids && a.seqs.iter().eq(events.iter().map(|(e, _)| &e.seq))
         }) {
             Some(ahead) => (ahead.body, ahead.json_bytes),
             None => {

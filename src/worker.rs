@@ -321,7 +321,7 @@ impl Worker {
         self.note_sends(self.machine.in_flight(), SendNote::Sending);
         // What the ledger says since the last report rides with this request (src/fleet).
         s.fleet
-            .cut_before_request(&s.queue, s.clock.now_ms(), || s.full_stats());
+            .cut_before_request(&s.queue, s.clock.now_ms(), || s.counters.snapshot());
         let (report_ids, reports) = s.fleet.for_request(crate::fleet::report_room(self.room));
         let ahead = self.body_ahead.take();
         let events = self.machine.in_flight();
@@ -435,7 +435,7 @@ impl Worker {
         s.queue
             .beside_the_request(s.config.max_batch_events as usize, self.back_to_back());
         s.fleet
-            .cut_ahead(&s.queue, &s.full_stats(), s.clock.now_ms());
+            .cut_ahead(&s.queue, &s.counters.snapshot(), s.clock.now_ms());
     }
 
     /// Whether a drain's next request follows the answer at once: no pause between batches

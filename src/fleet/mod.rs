@@ -274,7 +274,9 @@ impl Fleet {
     }
 
     /// Cuts a report of what changed since the last one (nothing when nothing changed) and
-    /// keeps it in the store. `stats` is a full [`Stats`] (queue sizes filled in).
+    /// keeps it in the store. `stats` is the ledger's counters (`Counters::snapshot`); the
+    /// quarantine's size is read from `queue`, and only for a report that is cut: a drain
+    /// decides on every request, and cuts one every few seconds.
     pub fn cut(&self, queue: &Queue, stats: &Stats) {
         self.cut_at(queue, stats, None, false);
     }
@@ -300,7 +302,7 @@ impl Fleet {
             return;
         }
         let id = g.next_report;
-        let quarantine_size = stats.quarantine.values().sum();
+        let quarantine_size = queue.quarantine_by_reason().values().sum();
         let body = delta
             .to_report(&install_id, id, stats.pending, quarantine_size)
             .to_string();

@@ -794,15 +794,23 @@ impl Queue {
     /// bytes on disk, and the quarantine by reason.
     pub fn fill_stats(&self, stats: &mut crate::stats::Stats) {
         stats.pending_memory = self.memory().len() as u64;
-        stats.quarantine = lock(&self.memory_quarantine).counts();
+        stats.quarantine = self.quarantine_by_reason();
         if let Some(store) = &self.store {
             stats.pending_disk = store.len();
             stats.store_bytes = store.disk_usage();
             stats.checkpoint_errors = store.checkpoint_errors();
+        }
+    }
+
+    /// The quarantine's events by reason, in memory and in the store.
+    pub fn quarantine_by_reason(&self) -> std::collections::BTreeMap<String, u64> {
+        let mut counts = lock(&self.memory_quarantine).counts();
+        if let Some(store) = &self.store {
             for (reason, n) in store.quarantine_counts().unwrap_or_default() {
-                *stats.quarantine.entry(reason).or_default() += n;
+                *counts.entry(reason).or_default() += n;
             }
         }
+        counts
     }
 
     /// At shutdown, after a final persist the store refused: the events only memory holds

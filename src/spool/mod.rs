@@ -113,7 +113,7 @@ impl Handle {
             }
         }
         // What changed since the last client report is kept as one more, sent after a restart.
-        s.fleet.cut(&s.queue, &s.full_stats());
+        s.fleet.cut(&s.queue, &s.counters.snapshot());
         s.fleet.save_clock(&s.queue, s.clock.now_ms());
         s.queue.stop_spiller();
         // Not from the worker's thread, nor from the spill thread itself (an observer told of a
